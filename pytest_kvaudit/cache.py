@@ -1,0 +1,177 @@
+"""The one adapter over transformers' Cache: layer tensors, clone, equality, fingerprint, transplant.
+
+transformers moved the K/V tensors into ``cache.layers[i].keys/.values`` (4.56) and renamed the
+forward argument ``past_key_values`` to ``cache`` (5.x). Every other module goes through here, so API
+drift is mended in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UnsupportedCacheError
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name the model's forward takes its cache under (``cache`` in 5.x, ``past_key_values`` before)."""
+    cls = type(model)
+    if cls not in _CACHE_KWARG:
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARG[cls]
+
+
+def new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older signature
+        return DynamicCache()
+
+
+def _layers(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise UnsupportedCacheError(
+            f"{type(cache).__name__} has no per-layer K/V (cache.layers): kvaudit needs transformers >= 4.56"
+        )
+    return list(layers)
+
+
+def check_plain_kv(cache: Any) -> None:
+    """Refuse caches that carry state beyond K/V: a transplant of K/V alone would not be the whole state."""
+    for i, layer in enumerate(_layers(cache)):
+        extra = [a for a in ("conv_states", "recurrent_states", "ssm_states") if getattr(layer, a, None) is not None]
+        if extra or not hasattr(layer, "keys"):
+            what = ", ".join(extra) or type(layer).__name__
+            raise UnsupportedCacheError(f"layer {i} of the cache holds state beyond K/V ({what}): K/V transplant and bridge do not apply")
+
+
+def layer_kv(cache: Any) -> list[tuple[Any, Any]]:
+    """``[(K, V), ...]`` one pair per layer, the tensors themselves (no copy)."""
+    out = []
+    for i, layer in enumerate(_layers(cache)):
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if k is None or v is None or (hasattr(k, "numel") and k.numel() == 0):
+            raise UnsupportedCacheError(f"layer {i} of the cache holds no K/V tensors (uninitialised or not attention)")
+        out.append((k, v))
+    return out
+
+
+def seq_length(cache: Any) -> int:
+    return int(cache.get_seq_length())
+
+
+def clone(cache: Any) -> Any:
+    """A deep copy that shares no storage with ``cache``."""
+    return copy.deepcopy(cache)
+
+
+def tensor_bytes(t: Any) -> memoryview:
+    """The raw bytes of a tensor, on the host, without a dtype round trip."""
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def fingerprint_tensors(tensors: Iterable[Any], tag: bytes = b"") -> str:
+    """blake2b over dtype, shape and raw bytes of each tensor: equal digest <=> bit-identical."""
+    h = hashlib.blake2b(tag, digest_size=16)
+    for t in tensors:
+        h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(tensor_bytes(t))
+    return h.hexdigest()
+
+
+def fingerprint(cache: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> str:
+    kv = layer_kv(cache)
+    idx = range(len(kv)) if layers is None else layers
+    ts = []
+    for i in idx:
+        if "k" in parts:
+            ts.append(kv[i][0])
+        if "v" in parts:
+            ts.append(kv[i][1])
+    return fingerprint_tensors(ts, tag=parts.encode())
+
+
+def fingerprint_ids(ids: Sequence[int]) -> str:
+    h = hashlib.blake2b(b"ids", digest_size=16)
+    h.update(",".join(str(int(i)) for i in ids).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LayerComparison:
+    layer: int
+    keys_equal: bool
+    values_equal: bool
+    keys_max_abs: float
+    values_max_abs: float
+    keys_rel: float
+    values_rel: float
+
+
+def _diff(a: Any, b: Any) -> tuple[bool, float, float]:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, float("inf"), float("inf")
+    eq = bool(torch.equal(a, b))
+    if eq:
+        return True, 0.0, 0.0
+    d = (a.float() - b.to(a.device).float()).abs()
+    mx = float(d.max())
+    scale = float(b.float().abs().max()) or 1.0
+    return False, mx, mx / scale
+
+
+def compare(a: Any, b: Any) -> list[LayerComparison]:
+    """Per layer: are K and V bit-identical (``torch.equal``), and how far apart when not."""
+    ka, kb = layer_kv(a), layer_kv(b)
+    if len(ka) != len(kb):
+        raise UnsupportedCacheError(f"caches have {len(ka)} and {len(kb)} layers: they come from different models")
+    out = []
+    for i, ((k1, v1), (k2, v2)) in enumerate(zip(ka, kb)):
+        ke, km, kr = _diff(k1, k2)
+        ve, vm, vr = _diff(v1, v2)
+        out.append(LayerComparison(i, ke, ve, km, vm, kr, vr))
+    return out
+
+
+def equal(a: Any, b: Any) -> bool:
+    return all(c.keys_equal and c.values_equal for c in compare(a, b))
+
+
+def transplant(receiver: Any, donor: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> Any:
+    """A new cache: ``receiver`` with ``donor``'s K and/or V copied into ``layers`` (all by default).
+
+    Neither input is modified. The two caches must cover the same positions.
+    """
+    out = clone(receiver)
+    dst, src = _layers(out), layer_kv(donor)
+    if len(dst) != len(src):
+        raise UnsupportedCacheError(f"donor has {len(src)} layers, receiver {len(dst)}: not the same model")
+    for i in range(len(src)) if layers is None else layers:
+        k, v = src[i]
+        if dst[i].keys.shape != k.shape:
+            raise UnsupportedCacheError(
+                f"layer {i}: donor K/V shape {tuple(k.shape)} differs from the receiver's {tuple(dst[i].keys.shape)}"
+            )
+        if "k" in parts:
+            dst[i].keys = k.detach().clone().to(dst[i].keys.device)
+        if "v" in parts:
+            dst[i].values = v.detach().clone().to(dst[i].values.device)
+    return out

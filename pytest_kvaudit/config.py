@@ -1,0 +1,123 @@
+"""What one audit run is asked to do, as plain data: parsed and validated, no torch, no pytest."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import KvauditError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Installed wheels carry the checkpoint as package data; a source checkout keeps it in fixtures/.
+EMBEDDED_DIR = next(
+    (p for p in (PACKAGE_DIR / "embedded", PACKAGE_DIR.parent / "fixtures" / "embedded") if p.is_dir()),
+    PACKAGE_DIR.parent / "fixtures" / "embedded",
+)
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+DTYPE_ALIASES = {
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+}
+#: Precisions whose rounding is coarse enough that live and prefill caches are expected to differ.
+LOW_PRECISION = frozenset({"bf16", "fp16"})
+
+
+def parse_dtypes(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    parts = [p.strip().lower() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    if not parts:
+        raise KvauditError("--kvaudit-dtypes is empty: give a comma list such as bf16,fp32")
+    out: list[str] = []
+    for p in parts:
+        if p not in DTYPE_ALIASES:
+            raise KvauditError(f"--kvaudit-dtypes: unknown precision {p!r}; use bf16, fp16 or fp32")
+        if DTYPE_ALIASES[p] not in out:
+            out.append(DTYPE_ALIASES[p])
+    return tuple(out)
+
+
+def parse_device(text: str) -> str:
+    t = text.strip().lower()
+    if t in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", t):
+        return t
+    raise KvauditError(f"--kvaudit-device: {text!r} is not auto, cpu, cuda or cuda:N")
+
+
+def parse_chunks(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        vals = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise KvauditError(f"--kvaudit-chunks: {text!r} is not a comma list of chunk sizes such as 16,64") from None
+    if any(v < 1 for v in vals):
+        raise KvauditError(f"--kvaudit-chunks: chunk sizes must be positive, got {text!r}")
+    return vals
+
+
+@dataclass(frozen=True)
+class BoundaryRule:
+    """Where the first reasoning stage ends: the end of a marker's first occurrence, or a token offset."""
+
+    marker: str | None = None
+    tokens: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> BoundaryRule:
+        m = re.fullmatch(r"tokens:(\d+)", text.strip())
+        if m:
+            k = int(m.group(1))
+            if k < 1:
+                raise KvauditError("--kvaudit-boundary tokens:K needs K >= 1 (the prefix must end in a generated token)")
+            return cls(tokens=k)
+        if text == "":
+            raise KvauditError("--kvaudit-boundary is empty: give a marker string such as '</think>' or tokens:K")
+        return cls(marker=text)
+
+    def describe(self) -> str:
+        return f"tokens:{self.tokens}" if self.tokens is not None else f"marker {self.marker!r}"
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Everything that decides what a run computes. Two runs with equal configs compute the same cells."""
+
+    model: str = str(EMBEDDED_DIR)
+    items: str | None = None
+    n: int | None = None
+    dtypes: tuple[str, ...] = ("bf16", "fp32")
+    device: str = "auto"
+    attn: str | None = None
+    boundary: str | None = None
+    answer_regex: str | None = None
+    max_new_tokens: int | None = None
+    seed: int = 0
+    chunks: tuple[int, ...] = ()
+    donor_max_units: int = 64
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    chat_template: bool = False
+    threads: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def replace(self, **kw: object) -> AuditConfig:
+        return dataclasses.replace(self, **kw)  # type: ignore[arg-type]
+
+    @property
+    def primary_dtype(self) -> str:
+        """The precision whose trajectory fixes the prefix ids of the fixed-prefix 2x2."""
+        return self.dtypes[0]
+
+    def items_path(self) -> Path:
+        if self.items:
+            return Path(self.items)
+        model_dir = Path(self.model)
+        if (model_dir / "items.jsonl").is_file():
+            return model_dir / "items.jsonl"
+        raise KvauditError(
+            f"no item set for model {self.model!r}: pass --kvaudit-items=FILE.jsonl "
+            "(lines with id, prompt or prompt_ids, answer)"
+        )

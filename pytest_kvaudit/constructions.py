@@ -1,0 +1,218 @@
+"""Chunk schedules -> boundary states; the greedy trajectory and greedy continuation.
+
+Every construction is a *chunk schedule* over ``prefix[:-1]``: the lengths of the successive forwards
+that fill a fresh cache (``live``/``incremental`` = ``[P, 1, 1, ...]``, ``prefill`` = ``[len]``,
+``chunked(c)`` = ``[c, c, ..., rest]``). A continuation always starts by feeding ``prefix[-1]`` as one
+decode step, so two constructions differ only in the cache they hand over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import cache as kv
+from .config import BoundaryRule
+from .errors import KvauditError
+from .items import find_boundary
+
+CONSTRUCTION_RE = re.compile(r"live|prefill|incremental|chunked\((\d+)\)")
+
+
+def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
+    """The chunk lengths of ``construction`` over a ``prefix[:-1]`` of ``length`` tokens."""
+    if length < 1:
+        raise KvauditError("a boundary state needs at least one token before the prefix's last one")
+    m = CONSTRUCTION_RE.fullmatch(construction)
+    if not m:
+        raise KvauditError(f"unknown construction {construction!r}: use live, prefill, incremental or chunked(C)")
+    if construction in ("live", "incremental"):
+        p = min(prompt_len, length)
+        return [p] + [1] * (length - p)
+    if construction == "prefill":
+        return [length]
+    c = int(m.group(1))
+    if c < 1:
+        raise KvauditError(f"{construction}: chunk size must be positive")
+    return [c] * (length // c) + ([length % c] if length % c else [])
+
+
+@dataclass
+class Cost:
+    """Forward calls and tokens actually run, and the least the run's distinct cells needed."""
+
+    forward_calls: int = 0
+    forward_tokens: int = 0
+    minimal_forward_tokens: int = 0
+    seconds: float = 0.0
+
+    def merge(self, other: Cost) -> None:
+        self.forward_calls += other.forward_calls
+        self.forward_tokens += other.forward_tokens
+        self.minimal_forward_tokens += other.minimal_forward_tokens
+        self.seconds += other.seconds
+
+
+class Decoder:
+    """One model at one precision, run one forward at a time with its cost counted."""
+
+    def __init__(self, model: Any, eos_ids: frozenset[int], cost: Cost | None = None,
+                 logits_hook: Callable[[Any, str], Any] | None = None) -> None:
+        self.model = model
+        self.eos_ids = eos_ids
+        self.cost = cost if cost is not None else Cost()
+        self.device = next(model.parameters()).device
+        self._kwarg = kv.cache_kwarg(model)
+        #: tests inject faults here: ``hook(logits, path) -> logits``
+        self.logits_hook = logits_hook
+        self.path = ""
+
+    def step(self, ids: Sequence[int], cache: Any) -> Any:
+        """Feed ``ids`` on top of ``cache`` (mutated); the next-token logits, shape ``[vocab]``."""
+        import torch
+
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            out = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{self._kwarg: cache})
+        self.cost.forward_calls += 1
+        self.cost.forward_tokens += len(ids)
+        logits = out.logits[0, -1]
+        if self.logits_hook is not None:
+            logits = self.logits_hook(logits, self.path)
+        return logits
+
+    def fresh(self) -> Any:
+        return kv.new_cache(self.model)
+
+    def build_state(self, ids: Sequence[int], chunks: Sequence[int]) -> Any:
+        """A fresh cache filled by feeding ``ids`` in ``chunks``."""
+        if sum(chunks) != len(ids):
+            raise KvauditError(f"chunk schedule {list(chunks)} sums to {sum(chunks)}, not {len(ids)}")
+        c = self.fresh()
+        pos = 0
+        for n in chunks:
+            self.step(ids[pos : pos + n], c)
+            pos += n
+        return c
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What one boundary state led to: the suffix ids and the fingerprints of everything on the way."""
+
+    suffix: tuple[int, ...]
+    state_fp: str
+    logits_fp: str
+    answer: str | None
+    label: bool
+
+    @property
+    def suffix_fp(self) -> str:
+        return kv.fingerprint_ids(self.suffix)
+
+    def same_as(self, other: Continuation) -> bool:
+        """Bit-identical: suffix, boundary state and every logits vector on the way."""
+        return (self.suffix, self.state_fp, self.logits_fp) == (other.suffix, other.state_fp, other.logits_fp)
+
+
+def _argmax(logits: Any) -> int:
+    return int(logits.argmax().item())
+
+
+class _LogitsDigest:
+    def __init__(self) -> None:
+        self.h = hashlib.blake2b(b"logits", digest_size=16)
+
+    def add(self, logits: Any) -> None:
+        self.h.update(kv.tensor_bytes(logits))
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int) -> tuple[tuple[int, ...], str]:
+    """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS."""
+    digest = _LogitsDigest()
+    suffix: list[int] = []
+    tok = last_token
+    while len(suffix) < budget:
+        logits = dec.step([tok], state)
+        digest.add(logits)
+        tok = _argmax(logits)
+        suffix.append(tok)
+        if tok in dec.eos_ids:
+            break
+    return tuple(suffix), digest.hexdigest()
+
+
+@dataclass
+class Trajectory:
+    """Greedy generation from the prompt with a retained cache (prompt in one forward, then one token each)."""
+
+    prompt_ids: tuple[int, ...]
+    generated: tuple[int, ...]
+    boundary: int | None  # generated tokens inside the prefix
+    reason: str | None  # why the item is ineligible, None when it is eligible
+    state_fp: str | None = None
+    logits_fp: str | None = None
+    state: Any = field(default=None, repr=False)  # the live boundary cache, when kept
+
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        assert self.boundary is not None
+        return self.prompt_ids + self.generated[: self.boundary]
+
+    @property
+    def suffix(self) -> tuple[int, ...]:
+        assert self.boundary is not None
+        return self.generated[self.boundary :]
+
+
+def trajectory(
+    dec: Decoder,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    rule: BoundaryRule,
+    decode: Callable[[Sequence[int]], str],
+    keep_state: bool = False,
+) -> Trajectory:
+    """Generate greedily, snapshotting the cache over ``prefix[:-1]`` when the boundary is reached."""
+    cache = dec.fresh()
+    logits = dec.step(list(prompt_ids), cache)
+    gen: list[int] = []
+    boundary: int | None = None
+    state_fp = None
+    state = None
+    digest = _LogitsDigest()
+    while len(gen) < max_new_tokens:
+        tok = _argmax(logits)
+        gen.append(tok)
+        if boundary is None and find_boundary(gen, rule, decode) is not None:
+            boundary = len(gen)
+            state_fp = kv.fingerprint(cache)
+            if keep_state:
+                state = kv.clone(cache)
+        if tok in dec.eos_ids or len(gen) >= max_new_tokens:
+            break
+        logits = dec.step([tok], cache)
+        if boundary is not None:
+            digest.add(logits)
+    reason = None
+    if boundary is None:
+        reason = "boundary_not_reached"
+    elif gen[boundary - 1] in dec.eos_ids:
+        reason = "boundary_at_eos"
+    elif boundary >= max_new_tokens:
+        reason = "no_suffix_budget"
+    return Trajectory(
+        prompt_ids=tuple(prompt_ids),
+        generated=tuple(gen),
+        boundary=boundary,
+        reason=reason,
+        state_fp=state_fp,
+        logits_fp=digest.hexdigest() if boundary is not None else None,
+        state=state,
+    )

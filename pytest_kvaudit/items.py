@@ -1,0 +1,181 @@
+"""Item sets (JSONL), their per-set settings, boundary rules and answer extraction.
+
+An item set is ``NAME.jsonl`` with one JSON object a line (``id``, ``prompt`` or ``prompt_ids``,
+``answer``, optional ``boundary``), and optionally ``NAME.meta.json`` beside it with the set's
+defaults (``boundary``, ``answer_regex``, ``max_new_tokens``), so that an item set carries the rules
+it was written for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import BoundaryRule
+from .errors import KvauditError
+
+DEFAULT_ANSWER_REGEX = r"(?:answer is|Answer:|\\boxed\{)\s*([^\s}]+)"
+DEFAULT_BOUNDARY = "</think>"
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    answer: str
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    boundary: str | None = None
+
+
+@dataclass(frozen=True)
+class ItemSet:
+    path: Path
+    items: tuple[Item, ...]
+    boundary: str
+    answer_regex: str
+    max_new_tokens: int
+
+
+def _where(path: Path, lineno: int) -> str:
+    return f"{path}:{lineno}"
+
+
+def parse_item(obj: Any, path: Path, lineno: int) -> Item:
+    """One JSON value -> Item, or a KvauditError naming the file and line."""
+    at = _where(path, lineno)
+    if not isinstance(obj, dict):
+        raise KvauditError(f"{at}: an item must be a JSON object with id, prompt and answer, got {type(obj).__name__}")
+    if "id" not in obj or not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+        raise KvauditError(f"{at}: item lacks a string 'id'")
+    iid = str(obj["id"])
+    if "answer" not in obj or not isinstance(obj["answer"], (str, int, float)) or isinstance(obj["answer"], bool):
+        raise KvauditError(f"{at}: item {iid!r} lacks an 'answer' (string or number)")
+    prompt = obj.get("prompt")
+    prompt_ids = obj.get("prompt_ids")
+    if prompt is None and prompt_ids is None:
+        raise KvauditError(f"{at}: item {iid!r} lacks 'prompt' (text) or 'prompt_ids' (list of token ids)")
+    if prompt is not None and not isinstance(prompt, str):
+        raise KvauditError(f"{at}: item {iid!r}: 'prompt' must be a string")
+    ids: tuple[int, ...] | None = None
+    if prompt_ids is not None:
+        if (
+            not isinstance(prompt_ids, list)
+            or not prompt_ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt_ids)
+        ):
+            raise KvauditError(f"{at}: item {iid!r}: 'prompt_ids' must be a non-empty list of non-negative ints")
+        ids = tuple(prompt_ids)
+    if prompt is not None and prompt == "":
+        raise KvauditError(f"{at}: item {iid!r}: 'prompt' is empty")
+    boundary = obj.get("boundary")
+    if boundary is not None:
+        if not isinstance(boundary, str):
+            raise KvauditError(f"{at}: item {iid!r}: 'boundary' must be a marker string or 'tokens:K'")
+        BoundaryRule.parse(boundary)
+    return Item(id=iid, answer=str(obj["answer"]), prompt=prompt, prompt_ids=ids, boundary=boundary)
+
+
+def parse_lines(text: str, path: Path) -> list[Item]:
+    items: list[Item] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise KvauditError(f"{_where(path, lineno)}: not valid JSON ({exc.msg}); each line must be one item object") from None
+        item = parse_item(obj, path, lineno)
+        if item.id in seen:
+            raise KvauditError(f"{_where(path, lineno)}: duplicate item id {item.id!r} (first on line {seen[item.id]})")
+        seen[item.id] = lineno
+        items.append(item)
+    return items
+
+
+def load_meta(path: Path) -> dict[str, Any]:
+    meta_path = path.with_name(path.name.removesuffix(".jsonl") + ".meta.json")
+    if not meta_path.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise KvauditError(f"{meta_path}: not valid JSON ({exc}); fix or delete the item set's settings file") from None
+    if not isinstance(meta, dict):
+        raise KvauditError(f"{meta_path}: must hold a JSON object of item-set settings")
+    return meta
+
+
+def load_item_set(
+    path: Path,
+    n: int | None = None,
+    boundary: str | None = None,
+    answer_regex: str | None = None,
+    max_new_tokens: int | None = None,
+) -> ItemSet:
+    """Read an item set; explicit arguments override the set's ``.meta.json``, which overrides defaults."""
+    if not path.is_file():
+        raise KvauditError(f"item file {path} does not exist: pass --kvaudit-items=FILE.jsonl")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise KvauditError(f"item file {path} is not UTF-8 text: item sets are JSONL") from None
+    items = parse_lines(text, path)
+    if not items:
+        raise KvauditError(f"item file {path} holds no items: add JSONL lines with id, prompt and answer")
+    if n is not None:
+        if n < 1:
+            raise KvauditError(f"--kvaudit-n={n}: must be at least 1")
+        if n > len(items):
+            raise KvauditError(f"--kvaudit-n={n} but {path} holds only {len(items)} items: lower --kvaudit-n")
+        items = items[:n]
+    meta = load_meta(path)
+    regex = answer_regex or meta.get("answer_regex") or DEFAULT_ANSWER_REGEX
+    try:
+        compiled = re.compile(regex)
+    except re.error as exc:
+        raise KvauditError(f"answer regex {regex!r} does not compile ({exc})") from None
+    if compiled.groups < 1:
+        raise KvauditError(f"answer regex {regex!r} needs one capturing group around the answer")
+    b = boundary or meta.get("boundary") or DEFAULT_BOUNDARY
+    BoundaryRule.parse(b)
+    mnt = int(max_new_tokens or meta.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    return ItemSet(path=path, items=tuple(items), boundary=b, answer_regex=regex, max_new_tokens=mnt)
+
+
+def extract_answer(text: str, regex: str) -> str | None:
+    """The first match's group, stripped; None when the text holds no answer."""
+    m = re.search(regex, text)
+    return m.group(1).strip() if m else None
+
+
+def find_boundary(
+    generated: Sequence[int], rule: BoundaryRule, decode: Callable[[Sequence[int]], str]
+) -> int | None:
+    """Number of generated tokens in the prefix, or None while the boundary is not reached.
+
+    For a marker, the prefix ends with the token that completes the marker's first occurrence in the
+    decoded generation; the ids themselves are never re-encoded.
+    """
+    if rule.tokens is not None:
+        return rule.tokens if len(generated) >= rule.tokens else None
+    assert rule.marker is not None
+    text = decode(generated)
+    at = text.find(rule.marker)
+    if at < 0:
+        return None
+    end = at + len(rule.marker)
+    # the shortest head of the generation whose text covers the marker's end
+    lo, hi = 1, len(generated)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decode(generated[:mid])) >= end and decode(generated[:mid]).find(rule.marker) >= 0:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

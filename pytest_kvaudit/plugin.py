@@ -1,0 +1,392 @@
+"""kvaudit's pytest hooks: options, the session on ``config.stash``, fixtures, progress and the summary.
+
+Importing this module is cheap (no torch): the store, and with it torch and transformers, loads in
+the ``kvaudit_store`` fixture the first time a claim needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .config import AuditConfig, BoundaryRule, parse_chunks, parse_device, parse_dtypes
+from .errors import KvauditError
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .verdicts import ClaimResult
+
+MODEL = "--kvaudit-model"
+DTYPES = "--kvaudit-dtypes"
+DEVICE = "--kvaudit-device"
+ATTN = "--kvaudit-attn"
+ITEMS = "--kvaudit-items"
+N = "--kvaudit-n"
+BOUNDARY = "--kvaudit-boundary"
+ANSWER_REGEX = "--kvaudit-answer-regex"
+MAX_NEW_TOKENS = "--kvaudit-max-new-tokens"
+SEED = "--kvaudit-seed"
+REPORT = "--kvaudit-report"
+CHUNKS = "--kvaudit-chunks"
+DONOR_UNITS = "--kvaudit-donor-units"
+THREADS = "--kvaudit-threads"
+TRUST_REMOTE_CODE = "--kvaudit-trust-remote-code"
+ALLOW_PICKLE = "--kvaudit-allow-pickle"
+CHAT_TEMPLATE = "--kvaudit-chat-template"
+THRESHOLDS_INI = "kvaudit_thresholds"
+
+#: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
+_VALUE_OPTIONS: dict[str, str] = {
+    MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
+    DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
+    DEVICE: "auto, cpu, cuda or cuda:N (default: auto)",
+    ATTN: "attention implementation, e.g. sdpa or eager (default: the checkpoint's config)",
+    ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
+    N: "use the first N items",
+    BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
+    ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
+    MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
+    SEED: "seed for the bootstrap and for shard plans (default: 0)",
+    REPORT: "write the JSON report to this path",
+    CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
+    DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
+    THREADS: "torch CPU threads (default: torch's, split between xdist workers)",
+}
+_FLAG_OPTIONS: dict[str, str] = {
+    TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
+    ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
+    CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
+}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+@pytest.hookimpl
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvaudit", "kvaudit: does the KV cache survive stage replay")
+    for flag, help_ in _VALUE_OPTIONS.items():
+        group.addoption(flag, dest=_dest(flag), default=None, help=help_)
+        parser.addini(_dest(flag), help_, default="")
+    for flag, help_ in _FLAG_OPTIONS.items():
+        group.addoption(flag, dest=_dest(flag), action="store_true", default=False, help=help_)
+        parser.addini(_dest(flag), help_, type="bool", default=False)
+    parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
+
+
+def _value(config: pytest.Config, flag: str) -> str | None:
+    v = config.getoption(_dest(flag)) or config.getini(_dest(flag))
+    return str(v) if v not in (None, "") else None
+
+
+def _int(config: pytest.Config, flag: str) -> int | None:
+    v = _value(config, flag)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={v!r} is not an integer") from None
+
+
+def build_config(config: pytest.Config) -> AuditConfig:
+    """Options and ini -> AuditConfig; bad values are a one-line usage error."""
+    try:
+        cfg = AuditConfig()
+        kw: dict[str, Any] = {}
+        if (m := _value(config, MODEL)) is not None:
+            kw["model"] = m
+        kw["items"] = _value(config, ITEMS)
+        kw["n"] = _int(config, N)
+        kw["dtypes"] = parse_dtypes(_value(config, DTYPES) or "bf16,fp32")
+        kw["device"] = parse_device(_value(config, DEVICE) or "auto")
+        kw["attn"] = _value(config, ATTN)
+        if (b := _value(config, BOUNDARY)) is not None:
+            BoundaryRule.parse(b)
+            kw["boundary"] = b
+        kw["answer_regex"] = _value(config, ANSWER_REGEX)
+        kw["max_new_tokens"] = _int(config, MAX_NEW_TOKENS)
+        kw["seed"] = _int(config, SEED) or 0
+        kw["chunks"] = parse_chunks(_value(config, CHUNKS))
+        if (d := _int(config, DONOR_UNITS)) is not None:
+            kw["donor_max_units"] = d
+        kw["threads"] = _int(config, THREADS)
+        for flag, attr in ((TRUST_REMOTE_CODE, "trust_remote_code"), (ALLOW_PICKLE, "allow_pickle"),
+                           (CHAT_TEMPLATE, "chat_template")):
+            kw[attr] = bool(config.getoption(_dest(flag)) or config.getini(_dest(flag)))
+        return cfg.replace(**kw)
+    except KvauditError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def parse_thresholds(lines: list[str]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for line in lines:
+        key, sep, val = line.partition("=")
+        claim, dot, name = key.strip().partition(".")
+        try:
+            if not sep or not dot:
+                raise ValueError
+            out.setdefault(claim, {})[name.strip()] = float(val)
+        except ValueError:
+            raise pytest.UsageError(f"{THRESHOLDS_INI}: {line!r} is not 'claim.key=number'") from None
+    return out
+
+
+@dataclass
+class KvauditSession:
+    """The run's state: its config, the store (built on first use) and the claims judged so far."""
+
+    config: AuditConfig
+    pytest_config: pytest.Config
+    thresholds: dict[str, dict[str, float]]
+    report_path: Path | None
+    store: Store | None = None
+    error: str | None = None
+    claims: dict[str, ClaimResult] = field(default_factory=dict)
+    run_info: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def get_store(self) -> Store:
+        if self.error is not None:
+            pytest.fail(self.error, pytrace=False)
+        if self.store is None:
+            try:
+                self.store = self._compute()
+            except KvauditError as exc:
+                self.error = str(exc)
+                pytest.fail(self.error, pytrace=False)
+        return self.store
+
+    def _compute(self) -> Store:
+        from .store import Store
+
+        cfg = self.config
+        threads = cfg.threads
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        if threads is None and workers > 1:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        store = Store.open(cfg)
+        store.compute(progress=self._progress())
+        return store
+
+    def _progress(self) -> Callable[[int, int, int, float], None] | None:
+        tr = self.pytest_config.pluginmanager.get_plugin("terminalreporter")
+        cap = self.pytest_config.pluginmanager.get_plugin("capturemanager")
+        if tr is None or hasattr(self.pytest_config, "workerinput"):
+            return None
+        last = [0.0]
+
+        def show(done: int, total: int, tokens: int, seconds: float) -> None:
+            if done < total and seconds - last[0] < 2.0:
+                return
+            last[0] = seconds
+            rate = tokens / seconds if seconds > 0 else 0.0
+            left = seconds / done * (total - done) if done else 0.0
+            msg = f"kvaudit: {done}/{total} item-precision cells, {rate:,.0f} tokens/s, {left:.0f}s left"
+            ctx = cap.global_and_fixture_disabled() if cap is not None else _null()
+            with ctx:
+                tr.write_line(msg)
+
+        return show
+
+    def record(self, result: ClaimResult, node: pytest.Item) -> None:
+        self.claims[result.name] = result
+        node.user_properties.append(("kvaudit_claim", json.dumps(result.to_dict(), default=list)))
+        if self.store is not None and not self.run_info:
+            from .report import items_block
+
+            s = self.store
+            self.run_info = {
+                "model": s.identity,
+                "environment": s.environment,
+                "items": items_block(s.records.values(), [i.id for i in s.items]),
+                "cost": {k: getattr(s.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens", "seconds")},
+            }
+        if self.run_info:
+            node.user_properties.append(("kvaudit_run", json.dumps(self.run_info, default=list)))
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect claim results from test reports: the controller sees the workers' claims under xdist."""
+        props = dict(report.user_properties)
+        if "kvaudit_claim" not in props or report.when == "teardown":
+            return
+        from .verdicts import ClaimResult
+
+        d = json.loads(props["kvaudit_claim"])
+        d["interval"] = tuple(d["interval"])
+        self.claims[d["name"]] = ClaimResult(**d)
+        if "kvaudit_run" in props and not self.run_info:
+            self.run_info = json.loads(props["kvaudit_run"])
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+SESSION_KEY = pytest.StashKey[KvauditSession]()
+
+
+@pytest.hookimpl
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kvaudit_claim(name, **thresholds): a kvaudit claim test and its threshold overrides"
+    )
+    rp = _value(config, REPORT)
+    sess = KvauditSession(build_config(config), config, parse_thresholds(config.getini(THRESHOLDS_INI)),
+                          Path(rp) if rp else None)
+    config.stash[SESSION_KEY] = sess
+    config.pluginmanager.register(sess, "kvaudit-session")
+
+
+@pytest.hookimpl
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    c = config.stash[SESSION_KEY].config
+    return [
+        f"kvaudit: model={c.model} dtypes={','.join(c.dtypes)} device={c.device} "
+        f"attn={c.attn or 'checkpoint default'} seed={c.seed}"
+    ]
+
+
+@pytest.fixture(scope="session")
+def kvaudit_session(pytestconfig: pytest.Config) -> KvauditSession:
+    return pytestconfig.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def kvaudit_config(kvaudit_session: KvauditSession) -> AuditConfig:
+    """The run's AuditConfig (model, precisions, items, ...)."""
+    return kvaudit_session.config
+
+
+@pytest.fixture(scope="session")
+def kvaudit_store(kvaudit_session: KvauditSession) -> Store:
+    """The compute-once store: every cell of the run, computed on first use, read by every claim."""
+    return kvaudit_session.get_store()
+
+
+@pytest.fixture(scope="session")
+def kvaudit_records(kvaudit_store: Store) -> list[Any]:
+    """Every (item, precision) record of the run, in item order."""
+    return list(kvaudit_store.records.values())
+
+
+class Judge:
+    """Turns a ClaimResult into the test's outcome: pass, fail (naming counterexamples) or skip (inconclusive)."""
+
+    def __init__(self, session: KvauditSession, node: pytest.Item, store: Store) -> None:
+        self.session, self.node, self.store = session, node, store
+
+    def thresholds(self, name: str, **overrides: float) -> dict[str, float]:
+        from .verdicts import thresholds
+
+        marker = self.node.get_closest_marker("kvaudit_claim")
+        merged = {**(marker.kwargs if marker else {}), **self.session.thresholds.get(name, {}), **overrides}
+        return thresholds(name, merged)
+
+    def claim(self, name: str | None = None, **overrides: float) -> ClaimResult:
+        """Judge a built-in claim (named here or by the test's ``kvaudit_claim`` marker)."""
+        from .verdicts import JUDGES
+
+        if name is None:
+            marker = self.node.get_closest_marker("kvaudit_claim")
+            if marker is None or not marker.args:
+                raise pytest.UsageError(f"{self.node.nodeid}: name the claim, kvaudit_judge.claim('replica_exactness')")
+            name = str(marker.args[0])
+        result = JUDGES[name](list(self.store.records.values()), self.thresholds(name, **overrides),
+                              self.session.config.dtypes)
+        return self.verdict(result)
+
+    def exact(self, name: str, units: dict[str, bool], min_units: int = 1, reason: str = "") -> ClaimResult:
+        """A custom exactness claim: ``units`` maps unit name -> property holds. Fails on one counterexample."""
+        from .stats import wilson_interval
+        from .verdicts import FAIL, INCONCLUSIVE, PASS, ClaimResult
+
+        bad = [u for u, ok in units.items() if not ok]
+        n, k = len(units), len(units) - len(bad)
+        status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
+        why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
+        return self.verdict(ClaimResult(name, status, n, k, wilson_interval(k, n), reason or why, {}, bad))
+
+    def verdict(self, result: ClaimResult) -> ClaimResult:
+        self.session.record(result, self.node)
+        if result.status == "fail":
+            pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
+        if result.status == "inconclusive":
+            pytest.skip(f"{result.name} inconclusive: {result.reason}")
+        return result
+
+
+@pytest.fixture
+def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSession, kvaudit_store: Store) -> Judge:
+    """Judge a claim: ``kvaudit_judge.claim()``, ``kvaudit_judge.exact(name, units)``, ``.verdict(result)``."""
+    return Judge(kvaudit_session, request.node, kvaudit_store)  # type: ignore[arg-type]
+
+
+def _report(sess: KvauditSession) -> dict[str, Any] | None:
+    from .report import build
+
+    if not sess.claims:
+        return None
+    info = sess.run_info or {}
+    return build(
+        info.get("model", {}),
+        info.get("environment", {}),
+        info.get("items", {"total": 0, "eligible": 0, "ineligible": {}}),
+        sess.claims,
+        info.get("cost", {}),
+        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
+    )
+
+
+@pytest.hookimpl
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    sess = config.stash[SESSION_KEY]
+    rep = _report(sess)
+    if rep is None:
+        if sess.error:
+            terminalreporter.write_sep("=", "kvaudit")
+            terminalreporter.write_line(f"kvaudit could not run: {sess.error}")
+        return
+    from .report import lines
+
+    terminalreporter.write_sep("=", "kvaudit claims")
+    for line in lines(rep):
+        terminalreporter.write_line(line)
+    if sess.report_path is not None:
+        terminalreporter.write_line(f"report written to {sess.report_path}")
+
+
+@pytest.hookimpl
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    sess = config.stash[SESSION_KEY]
+    if sess.report_path is None:
+        return
+    rep = _report(sess)
+    if rep is None:
+        return
+    from .report import atomic_write_text, dumps
+
+    atomic_write_text(sess.report_path, dumps(rep))

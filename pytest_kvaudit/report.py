@@ -1,0 +1,139 @@
+"""Pure builders for what a run shows: the JSON report (DESIGN.md's schema) and the terminal table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .verdicts import ClaimResult
+
+SCHEMA_VERSION = 1
+
+
+def items_block(records: Iterable[Any], item_ids: Iterable[str]) -> dict[str, Any]:
+    """An item is eligible when it is eligible at every precision; else counted under its first reason."""
+    by_item: dict[str, list[Any]] = {}
+    for r in records:
+        by_item.setdefault(r.item_id, []).append(r)
+    ids = list(item_ids)
+    inel: dict[str, int] = {}
+    missing = 0
+    for i in ids:
+        rs = by_item.get(i)
+        if not rs:
+            missing += 1
+            continue
+        bad = [r for r in rs if not r.eligible]
+        if bad:
+            key = "error" if bad[0].error else (bad[0].reason or "?")
+            inel[key] = inel.get(key, 0) + 1
+    if missing:
+        inel["missing"] = missing
+    return {"total": len(ids), "eligible": len(ids) - sum(inel.values()), "ineligible": dict(sorted(inel.items()))}
+
+
+def build(
+    identity: Mapping[str, Any],
+    environment: Mapping[str, Any],
+    items: Mapping[str, Any],
+    claims: Mapping[str, ClaimResult],
+    cost: Mapping[str, Any],
+    analyses: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": dict(identity),
+        "environment": dict(environment),
+        "items": dict(items),
+        "claims": {name: c.to_dict() for name, c in sorted(claims.items())},
+        "analyses": dict(analyses or {}),
+        "cost": dict(cost),
+        "config": dict(config or {}),
+    }
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path`` and rename it over: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def dumps(report: Mapping[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=True, default=_default) + "\n"
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    if isinstance(o, float) and o != o:
+        return None
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _fmt_interval(iv: Iterable[float]) -> str:
+    lo, hi = list(iv)
+    return f"[{lo:.3f}, {hi:.3f}]"
+
+
+def key_figure(c: ClaimResult) -> str:
+    f = c.figures
+    if c.name == "matched_construction" and f.get("divergent_suffixes"):
+        return "; ".join(
+            f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
+            f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_fmt_interval(f['accuracy_diff_ci'][d])}"
+            for d in f["divergent_suffixes"]
+        )
+    if c.name == "fixed_prefix_2x2" and f.get("disagreements"):
+        parts = [f"{d}: {v}/{f['n'][d]} disagree" for d, v in f["disagreements"].items()]
+        for d, hi in f.get("disagreement_upper", {}).items():
+            parts.append(f"{d} Wilson upper {hi:.2%}")
+        rec = f.get("recurrence_primary")
+        if rec:
+            parts.append(f"recurrence {rec[0]}/{rec[1]}")
+        return "; ".join(parts)
+    if c.name == "donor_following" and "live_to_prefill" in f:
+        a, b = f["live_to_prefill"], f["prefill_to_live"]
+        return f"live→prefill {a[0]}/{a[1]}, prefill→live {b[0]}/{b[1]}"
+    return c.reason
+
+
+def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
+    """The terminal summary: one row per claim, then items and cost."""
+    out = []
+    m = report["model"]
+    it = report["items"]
+    out.append(f"model {m.get('id')} ({m.get('architecture')}, {m.get('num_layers')} layers, {m.get('weights_digest', '')[:19]})")
+    inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
+    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
+    out.append(f"{'claim':<22} {'verdict':<13} {'k/n':>9}  {'95% interval':<17} figure")
+    for name, c in report["claims"].items():
+        rc = ClaimResult(**{**c, "interval": tuple(c["interval"])})
+        kn = f"{c['k']}/{c['n']}"
+        out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {key_figure(rc)}")
+        if c["status"] != "pass":
+            out.append(f"{'':<22} └ {c['reason']}")
+    cost = report.get("cost", {})
+    if cost:
+        ratio = cost["forward_tokens"] / cost["minimal_forward_tokens"] if cost.get("minimal_forward_tokens") else 0
+        out.append(
+            f"cost {cost['forward_calls']} forwards, {cost['forward_tokens']} tokens "
+            f"({ratio:.2f}x the minimum), {cost['seconds']:.1f}s"
+        )
+    return out

@@ -1,0 +1,77 @@
+"""Intervals and tests for the claims, on scipy.stats wherever it has the method.
+
+From the paper's own counts these reproduce its figures: 0 of 200 gives a Wilson 95% upper bound of
+0.01885, and 200 paired labels with 11 right only on one side and 9 only on the other give a paired
+percentile-bootstrap 95% CI of (-0.035, +0.055) for the accuracy difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+
+def _check(k: int, n: int) -> None:
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion; (0, 1) when there is nothing to judge."""
+    _check(k, n)
+    if n == 0:
+        return (0.0, 1.0)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return (max(0.0, float(ci.low)), min(1.0, float(ci.high)))
+
+
+def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval for a proportion."""
+    _check(k, n)
+    if n == 0:
+        return (0.0, 1.0)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Two-sided exact McNemar p-value for paired 0/1 outcomes (a binomial test on the discordant pairs)."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have equal length")
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    if only_a + only_b == 0:
+        return 1.0
+    return float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+
+
+def paired_bootstrap_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of mean(a) - mean(b) over paired units, resampling the pairs.
+
+    scipy.stats.bootstrap draws the resamples (``paired=True``); degenerate samples (every pair has the
+    same difference) have a zero-width interval at that difference.
+    """
+    x = np.asarray(a, dtype=float)
+    y = np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError("paired samples must be 1-D and of equal length")
+    if x.size == 0:
+        return (float("-inf"), float("inf"))
+    d = x - y
+    if np.all(d == d[0]):
+        return (float(d[0]), float(d[0]))
+    res = stats.bootstrap(
+        (x, y),
+        lambda u, v, axis=-1: np.mean(u, axis=axis) - np.mean(v, axis=axis),
+        paired=True,
+        vectorized=True,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))

@@ -1,0 +1,325 @@
+"""The compute-once store: every (item, construction, precision) cell of a run, computed once.
+
+A run's plan is fixed by its :class:`AuditConfig`. :meth:`Store.compute` walks precision by precision
+(one model in memory at a time) and item by item, computes every cell that any claim reads, takes
+fingerprints and suffixes, runs the transplants on divergent items while both boundary caches are in
+hand, and frees the caches. Claims only read :attr:`Store.records`: plain data that pickles and
+JSON-serialises, so xdist workers can ship their shard to the controller.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import cache as kv
+from .config import AuditConfig, BoundaryRule
+from .constructions import Continuation, Cost, Decoder, continue_greedy, schedule, trajectory
+from .errors import KvauditError, UnsupportedCacheError
+from .items import Item, ItemSet, extract_answer, load_item_set
+from .loading import ModelHandle, environment, open_model
+
+Progress = Callable[[int, int, int, float], None]  # done, total, tokens, seconds
+
+
+@dataclass
+class Transplant:
+    direction: str  # "live_to_prefill" (live donor, prefill receiver) or "prefill_to_live"
+    layers: tuple[int, ...] | None  # None = all layers
+    parts: str  # "kv", "k" or "v"
+    suffix: tuple[int, ...]
+    followed: bool  # receiver's suffix equals the donor's, token for token
+
+
+@dataclass
+class CellRecord:
+    """One item at one precision: the trajectory, every construction's continuation, the transplants."""
+
+    item_id: str
+    dtype: str
+    prompt_ids: tuple[int, ...]
+    generated: tuple[int, ...]
+    boundary: int | None
+    reason: str | None
+    answer: str
+    constructions: dict[str, Continuation] = field(default_factory=dict)
+    # the fixed-prefix 2x2 at this precision with the primary precision's prefix ids
+    fixed: dict[str, Continuation] = field(default_factory=dict)
+    fixed_prefix_fp: str | None = None
+    transplants: list[Transplant] = field(default_factory=list)
+    #: layers whose K or V differ between the incremental replay and the live cache ("3:k", "3:v")
+    bridge_mismatch: list[str] = field(default_factory=list)
+    unsupported: str | None = None  # why K/V operations do not apply to this model
+    error: str | None = None  # an error on this item alone (out of memory), the run went on
+
+    @property
+    def eligible(self) -> bool:
+        return self.reason is None and self.error is None
+
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        assert self.boundary is not None
+        return self.prompt_ids + self.generated[: self.boundary]
+
+    @property
+    def prefix_fp(self) -> str:
+        return kv.fingerprint_ids(self.prefix)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CellRecord:
+        d = dict(d)
+        d["prompt_ids"] = tuple(d["prompt_ids"])
+        d["generated"] = tuple(d["generated"])
+        d["constructions"] = {k: _cont(v) for k, v in d["constructions"].items()}
+        d["fixed"] = {k: _cont(v) for k, v in d["fixed"].items()}
+        d["transplants"] = [
+            Transplant(**{**t, "suffix": tuple(t["suffix"]), "layers": None if t["layers"] is None else tuple(t["layers"])})
+            for t in d["transplants"]
+        ]
+        return cls(**d)
+
+
+def _cont(v: dict[str, Any]) -> Continuation:
+    return Continuation(**{**v, "suffix": tuple(v["suffix"])})
+
+
+def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
+    """Deterministic round-robin shard ``index`` of ``count``."""
+    return [it for i, it in enumerate(items) if i % count == index]
+
+
+class Store:
+    """Holds the run's cells. ``compute()`` fills them once; claims read ``records``."""
+
+    def __init__(self, cfg: AuditConfig, item_set: ItemSet, shard_index: int = 0, shard_count: int = 1,
+                 logits_hook: Callable[[Any, str], Any] | None = None) -> None:
+        self.cfg = cfg
+        self.item_set = item_set
+        self.items: list[Item] = shard(item_set.items, shard_index, shard_count)
+        self.shard_index, self.shard_count = shard_index, shard_count
+        self.records: dict[tuple[str, str], CellRecord] = {}
+        self.cost = Cost()
+        self.identity: dict[str, Any] = {}
+        self.environment: dict[str, Any] = {}
+        self.logits_hook = logits_hook
+        self.computed = False
+        self._handles: dict[str, ModelHandle] = {}
+
+    @classmethod
+    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, **kw: Any) -> Store:
+        item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+        return cls(cfg, item_set, shard_index, shard_count, **kw)
+
+    # -- reading -------------------------------------------------------------------------------
+    def record(self, item_id: str, dtype: str) -> CellRecord:
+        self.compute()
+        return self.records[(item_id, dtype)]
+
+    def matched(self, item_id: str, dtype: str) -> Any:
+        """Live and prefill continuations of an eligible item, or None when it is ineligible."""
+        rec = self.record(item_id, dtype)
+        if not rec.eligible:
+            return None
+
+        class _M:
+            live = rec.constructions["live"]
+            prefill = rec.constructions["prefill"]
+
+        return _M
+
+    def handle(self, dtype: str) -> ModelHandle:
+        """The model at ``dtype`` (loaded on first use; one precision in memory at a time)."""
+        if dtype not in self._handles:
+            for other in list(self._handles):
+                del self._handles[other]
+            gc.collect()
+            c = self.cfg
+            self._handles[dtype] = open_model(c.model, dtype, c.device, c.attn, c.trust_remote_code, c.allow_pickle)
+        return self._handles[dtype]
+
+    # -- computing -----------------------------------------------------------------------------
+    def prompt_ids(self, item: Item, h: ModelHandle) -> tuple[int, ...]:
+        if item.prompt_ids is not None:
+            return item.prompt_ids
+        assert item.prompt is not None
+        if self.cfg.chat_template:
+            ids = h.tokenizer.apply_chat_template(
+                [{"role": "user", "content": item.prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict):
+                ids = ids["input_ids"]
+            return tuple(int(i) for i in ids)
+        return tuple(h.tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
+
+    def compute(self, progress: Progress | None = None) -> None:
+        if self.computed:
+            return
+        t0 = time.perf_counter()
+        total = len(self.items) * len(self.cfg.dtypes)
+        done = 0
+        fixed_prefix: dict[str, tuple[int, ...] | None] = {}
+        donors_left = self.cfg.donor_max_units
+        for dtype in self.cfg.dtypes:
+            h = self.handle(dtype)
+            if not self.identity:
+                self.identity = dict(h.identity)
+                self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
+            self.environment.setdefault("dtypes", []).append(dtype)
+            dec = Decoder(h.model, h.eos_ids, self.cost, self.logits_hook)
+            for item in self.items:
+                rec = self._cell(dec, h, item, dtype, fixed_prefix, donors_left > 0)
+                if any(t.layers is None and t.parts == "kv" for t in rec.transplants):
+                    donors_left -= 1
+                self.records[(item.id, dtype)] = rec
+                done += 1
+                if progress is not None:
+                    progress(done, total, self.cost.forward_tokens, time.perf_counter() - t0)
+        self._handles.clear()
+        gc.collect()
+        self.cost.seconds = round(time.perf_counter() - t0, 3)
+        self.computed = True
+
+    def _cell(self, dec: Decoder, h: ModelHandle, item: Item, dtype: str,
+              fixed_prefix: dict[str, tuple[int, ...] | None], donors: bool) -> CellRecord:
+        try:
+            return self._cell_inner(dec, h, item, dtype, fixed_prefix, donors)
+        except KvauditError:
+            raise
+        except RuntimeError as exc:  # out of memory on one item: report it for that item and go on
+            if "out of memory" not in str(exc).lower():
+                raise
+            _free_device_memory()
+            return CellRecord(item.id, dtype, (), (), None, "error", item.answer, error=f"out of memory: {str(exc).splitlines()[0]}")
+
+    def _cell_inner(self, dec: Decoder, h: ModelHandle, item: Item, dtype: str,
+                    fixed_prefix: dict[str, tuple[int, ...] | None], donors: bool) -> CellRecord:
+        cfg, iset = self.cfg, self.item_set
+        rule = BoundaryRule.parse(item.boundary or iset.boundary)
+        budget_total = iset.max_new_tokens
+        prompt = self.prompt_ids(item, h)
+        tok = h.tokenizer
+
+        def decode(ids: Sequence[int]) -> str:
+            return tok.decode(list(ids), skip_special_tokens=False)
+
+        dec.path = "live"
+        tr = trajectory(dec, prompt, budget_total, rule, decode, keep_state=True)
+        rec = CellRecord(item.id, dtype, tr.prompt_ids, tr.generated, tr.boundary, tr.reason, item.answer)
+        self.cost.minimal_forward_tokens += len(prompt) + max(0, len(tr.generated) - 1)
+        if dtype == cfg.primary_dtype:
+            fixed_prefix[item.id] = tr.prefix if tr.reason is None else None
+        if tr.reason is not None:
+            return rec
+
+        prefix = tr.prefix
+        head = list(prefix[:-1])
+        last = prefix[-1]
+        budget = budget_total - tr.boundary  # type: ignore[operator]
+
+        def label_of(suffix: Sequence[int]) -> tuple[str | None, bool]:
+            ans = extract_answer(decode(list(tr.generated[: tr.boundary]) + list(suffix)), iset.answer_regex)
+            return ans, ans is not None and ans == item.answer
+
+        def cont(fp: str, suffix: tuple[int, ...], lfp: str) -> Continuation:
+            ans, ok = label_of(suffix)
+            return Continuation(suffix, fp, lfp, ans, ok)
+
+        def run(construction: str, ids: Sequence[int], path: str, keep: bool = False,
+                last: int = last, budget: int = budget, against: Any = None) -> tuple[Continuation, Any]:
+            """Build ``construction``'s state over ``ids`` (= prefix[:-1]), then continue from ``last``."""
+            dec.path = path
+            state = dec.build_state(ids, schedule(construction, len(prompt), len(ids)))
+            if against is not None and rec.unsupported is None:
+                rec.bridge_mismatch = [
+                    f"{c.layer}:{part}"
+                    for c in kv.compare(state, against)
+                    for part, same in (("k", c.keys_equal), ("v", c.values_equal))
+                    if not same
+                ]
+            fp = kv.fingerprint(state)
+            kept = kv.clone(state) if keep else None
+            suffix, lfp = continue_greedy(dec, state, last, budget)
+            self.cost.minimal_forward_tokens += len(ids) + len(suffix)
+            return cont(fp, suffix, lfp), kept
+
+        try:
+            kv.check_plain_kv(tr.state)
+        except UnsupportedCacheError as exc:
+            rec.unsupported = str(exc)
+        live = cont(tr.state_fp or "", tr.suffix, tr.logits_fp or "")
+        rec.constructions["live"] = live
+        # the replica regenerates the whole trajectory: the same construction computed a second time
+        dec.path = "live:replica"
+        rep = trajectory(dec, prompt, budget_total, rule, decode)
+        self.cost.minimal_forward_tokens += len(prompt) + max(0, len(rep.generated) - 1)
+        if rep.boundary == tr.boundary and rep.reason is None:
+            rec.constructions["live:replica"] = cont(rep.state_fp or "", rep.suffix, rep.logits_fp or "")
+        else:
+            rec.constructions["live:replica"] = Continuation(rep.generated, rep.state_fp or "", "", None, False)
+        prefill, prefill_state = run("prefill", head, "prefill", keep=True)
+        rec.constructions["prefill"] = prefill
+        rec.constructions["prefill:replica"], _ = run("prefill", head, "prefill:replica")
+        rec.constructions["incremental"], _ = run("incremental", head, "incremental", against=tr.state)
+        for c in cfg.chunks:
+            rec.constructions[f"chunked({c})"], _ = run(f"chunked({c})", head, f"chunked({c})")
+
+        # fixed-prefix 2x2: this precision on the primary precision's prefix ids
+        fp_ids = fixed_prefix.get(item.id)
+        if fp_ids is not None:
+            rec.fixed_prefix_fp = kv.fingerprint_ids(fp_ids)
+            if fp_ids == prefix:
+                rec.fixed = {"replay": rec.constructions["incremental"], "prefill": prefill}
+            else:
+                fb = budget_total - (len(fp_ids) - len(prompt))
+                if fb > 0:
+                    rec.fixed = {
+                        "replay": run("incremental", fp_ids[:-1], "fixed:replay", last=fp_ids[-1], budget=fb)[0],
+                        "prefill": run("prefill", fp_ids[:-1], "fixed:prefill", last=fp_ids[-1], budget=fb)[0],
+                    }
+
+        if donors and rec.unsupported is None and live.suffix != prefill.suffix:
+            self._transplants(dec, rec, tr.state, prefill_state, last, budget, live, prefill)
+        del tr, prefill_state
+        return rec
+
+    def _transplants(self, dec: Decoder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int,
+                     budget: int, live: Continuation, prefill: Continuation) -> None:
+        """Donor following, both directions, all layers: the receiver continues from the donor's K/V."""
+        for direction, receiver, donor, target in (
+            ("live_to_prefill", prefill_state, live_state, live),
+            ("prefill_to_live", live_state, prefill_state, prefill),
+        ):
+            dec.path = f"transplant:{direction}"
+            state = self.transplant_fn(receiver, donor, None, "kv")
+            suffix, _ = continue_greedy(dec, state, last, budget)
+            self.cost.minimal_forward_tokens += len(suffix)
+            rec.transplants.append(Transplant(direction, None, "kv", suffix, suffix == target.suffix))
+
+    #: the transplant operation; self-tests swap in one that copies nothing to prove the claim can fail
+    transplant_fn = staticmethod(kv.transplant)
+
+    # -- plain data for xdist and the ledger ----------------------------------------------------
+    def export(self) -> dict[str, Any]:
+        return {
+            "records": [r.to_dict() for r in self.records.values()],
+            "cost": asdict(self.cost),
+            "identity": self.identity,
+            "environment": self.environment,
+        }
+
+
+def _free_device_memory() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
