@@ -60,14 +60,17 @@ class Decoder:
     """One model at one precision, run one forward at a time with its cost counted."""
 
     def __init__(self, model: Any, eos_ids: frozenset[int], cost: Cost | None = None,
-                 logits_hook: Callable[[Any, str], Any] | None = None) -> None:
+                 logits_hook: Callable[[Any, str], Any] | None = None,
+                 state_hook: Callable[[Any, str], None] | None = None) -> None:
         self.model = model
         self.eos_ids = eos_ids
         self.cost = cost if cost is not None else Cost()
         self.device = next(model.parameters()).device
         self._kwarg = kv.cache_kwarg(model)
-        #: tests inject faults here: ``hook(logits, path) -> logits``
+        #: self-tests inject faults here to prove claims can fail: ``logits_hook(logits, path) -> logits``
+        #: on every forward, ``state_hook(cache, path)`` on every constructed boundary state
         self.logits_hook = logits_hook
+        self.state_hook = state_hook
         self.path = ""
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
@@ -96,6 +99,8 @@ class Decoder:
         for n in chunks:
             self.step(ids[pos : pos + n], c)
             pos += n
+        if self.state_hook is not None:
+            self.state_hook(c, self.path)
         return c
 
 

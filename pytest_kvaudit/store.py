@@ -97,8 +97,11 @@ def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
 class Store:
     """Holds the run's cells. ``compute()`` fills them once; claims read ``records``."""
 
-    def __init__(self, cfg: AuditConfig, item_set: ItemSet, shard_index: int = 0, shard_count: int = 1,
-                 logits_hook: Callable[[Any, str], Any] | None = None) -> None:
+    #: fault injection for self-tests (see Decoder); class-level so a conftest can set them
+    logits_hook: Callable[[Any, str], Any] | None = None
+    state_hook: Callable[[Any, str], None] | None = None
+
+    def __init__(self, cfg: AuditConfig, item_set: ItemSet, shard_index: int = 0, shard_count: int = 1) -> None:
         self.cfg = cfg
         self.item_set = item_set
         self.items: list[Item] = shard(item_set.items, shard_index, shard_count)
@@ -107,7 +110,6 @@ class Store:
         self.cost = Cost()
         self.identity: dict[str, Any] = {}
         self.environment: dict[str, Any] = {}
-        self.logits_hook = logits_hook
         self.computed = False
         self._handles: dict[str, ModelHandle] = {}
 
@@ -171,7 +173,7 @@ class Store:
                 self.identity = dict(h.identity)
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
             self.environment.setdefault("dtypes", []).append(dtype)
-            dec = Decoder(h.model, h.eos_ids, self.cost, self.logits_hook)
+            dec = Decoder(h.model, h.eos_ids, self.cost, type(self).logits_hook, type(self).state_hook)
             for item in self.items:
                 rec = self._cell(dec, h, item, dtype, fixed_prefix, donors_left > 0)
                 if any(t.layers is None and t.parts == "kv" for t in rec.transplants):
