@@ -163,7 +163,9 @@ class KvauditSession:
                 self.store = self._compute()
             except KvauditError as exc:
                 self.error = str(exc)
+            if self.error is not None:
                 pytest.fail(self.error, pytrace=False)
+        assert self.store is not None
         return self.store
 
     def _compute(self) -> Store:

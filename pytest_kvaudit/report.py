@@ -114,6 +114,15 @@ def key_figure(c: ClaimResult) -> str:
     return c.reason
 
 
+#: the paper's order, then any user claims alphabetically
+CLAIM_ORDER = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
+               "donor_following")
+
+
+def _order(name: str) -> int:
+    return CLAIM_ORDER.index(name) if name in CLAIM_ORDER else len(CLAIM_ORDER)
+
+
 def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
     """The terminal summary: one row per claim, then items and cost."""
     out = []
@@ -123,7 +132,7 @@ def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
     out.append(f"{'claim':<22} {'verdict':<13} {'k/n':>9}  {'95% interval':<17} figure")
-    for name, c in report["claims"].items():
+    for name, c in sorted(report["claims"].items(), key=lambda kv: (_order(kv[0]), kv[0])):
         rc = ClaimResult(**{**c, "interval": tuple(c["interval"])})
         kn = f"{c['k']}/{c['n']}"
         out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {key_figure(rc)}")

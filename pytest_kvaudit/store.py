@@ -20,7 +20,7 @@ from .config import AuditConfig, BoundaryRule
 from .constructions import Continuation, Cost, Decoder, continue_greedy, schedule, trajectory
 from .errors import KvauditError, UnsupportedCacheError
 from .items import Item, ItemSet, extract_answer, load_item_set
-from .loading import ModelHandle, environment, open_model
+from .loading import ModelHandle, environment, open_model, resolve_checkpoint
 
 Progress = Callable[[int, int, int, float], None]  # done, total, tokens, seconds
 
@@ -115,6 +115,9 @@ class Store:
 
     @classmethod
     def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, **kw: Any) -> Store:
+        local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
+        if not cfg.items and (local / "items.jsonl").is_file():
+            cfg = cfg.replace(items=str(local / "items.jsonl"))
         item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
         return cls(cfg, item_set, shard_index, shard_count, **kw)
 

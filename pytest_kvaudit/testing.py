@@ -84,7 +84,11 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers:
     cfg = cfg_cls(**common, **kw, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
-    model.save_pretrained(str(out), safe_serialization=safetensors)
+    model.save_pretrained(str(out))
+    if not safetensors:  # an old-style pickle checkpoint (transformers 5 writes safetensors only)
+        for f in out.glob("*.safetensors"):
+            f.unlink()
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
     save_char_tokenizer(out)
     write_items(out, n_items, boundary, max_new_tokens)
     return out

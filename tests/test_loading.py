@@ -1,0 +1,106 @@
+"""Loading: safe by default, and every failure is one line naming the checkpoint and the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_kvaudit.errors import KvauditError
+from pytest_kvaudit.loading import model_identity, open_model, resolve_checkpoint
+
+
+def one_line(exc: pytest.ExceptionInfo[KvauditError]) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(KvauditError) as exc:
+        resolve_checkpoint(str(tmp_path / "nowhere"))
+    assert "does not exist" in one_line(exc) and "--kvaudit-model" in one_line(exc)
+
+
+def test_hub_id_without_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(KvauditError) as exc:
+        resolve_checkpoint("no-such-org/no-such-model")
+    assert "cannot fetch hub model 'no-such-org/no-such-model'" in one_line(exc)
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path: Path) -> None:
+    from pytest_kvaudit.testing import tiny_checkpoint
+
+    ck = tiny_checkpoint(tmp_path / "pk", "llama", safetensors=False)
+    assert not list(ck.glob("*.safetensors"))
+    with pytest.raises(KvauditError) as exc:
+        open_model(str(ck), "fp32", "cpu")
+    msg = one_line(exc)
+    assert "only pickle weights" in msg and "--kvaudit-allow-pickle" in msg
+    h = open_model(str(ck), "fp32", "cpu", allow_pickle=True)
+    assert h.identity["architecture"] == "LlamaForCausalLM"
+
+
+def test_remote_code_needs_opt_in(tiny_llama: Path, tmp_path: Path) -> None:
+    ck = tmp_path / "remote"
+    shutil.copytree(tiny_llama, ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["model_type"] = "my_custom_arch"
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomLM"}
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KvauditError) as exc:
+        open_model(str(ck), "fp32", "cpu")
+    assert "needs custom code" in one_line(exc) and "--kvaudit-trust-remote-code" in one_line(exc)
+
+
+def test_vocab_mismatch(tiny_llama: Path, tmp_path: Path) -> None:
+    from pytest_kvaudit.testing import tiny_checkpoint
+
+    ck = tiny_checkpoint(tmp_path / "small", "llama")
+    cfg = json.loads((ck / "config.json").read_text())
+    # a tokenizer from a bigger vocabulary than the model's embedding
+    tok = json.loads((ck / "tokenizer.json").read_text())
+    for i in range(5):
+        tok["model"]["vocab"][f"x{i}"] = cfg["vocab_size"] + i
+    (ck / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(KvauditError) as exc:
+        open_model(str(ck), "fp32", "cpu")
+    assert "different checkpoints" in one_line(exc)
+
+
+def test_identity_digests_weight_bytes(tiny_llama: Path, tmp_path: Path) -> None:
+    a = model_identity("x", tiny_llama)
+    assert a["architecture"] == "LlamaForCausalLM" and a["num_layers"] == 2
+    ck = tmp_path / "copy"
+    shutil.copytree(tiny_llama, ck)
+    assert model_identity("x", ck)["weights_digest"] == a["weights_digest"]
+    w = next(ck.glob("*.safetensors"))
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1
+    w.write_bytes(bytes(data))
+    assert model_identity("x", ck)["weights_digest"] != a["weights_digest"]
+
+
+def test_unknown_device_and_dtype() -> None:
+    from pytest_kvaudit.config import parse_device, parse_dtypes
+
+    with pytest.raises(KvauditError, match="not auto, cpu, cuda or cuda:N"):
+        parse_device("tpu")
+    with pytest.raises(KvauditError, match="unknown precision 'fp8'"):
+        parse_dtypes("bf16,fp8")
+    assert parse_dtypes("bfloat16, fp32,bf16") == ("bf16", "fp32")
+
+
+def test_cuda_requested_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_kvaudit.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(KvauditError, match="sees no CUDA device"):
+        resolve_device("cuda:0")
+    assert resolve_device("auto") in ("cpu", "mps")

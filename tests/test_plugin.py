@@ -1,0 +1,178 @@
+"""The plugin as a user runs it (pytester, in subprocesses since torch is imported), and proof that
+every claim can fail: a deliberately broken model or construction makes each one fail or go inconclusive."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+LOW_BARS = """
+[pytest]
+kvaudit_thresholds =
+    replica_exactness.min_units=4
+    matched_construction.min_units=4
+    matched_construction.margin=1.0
+    fixed_prefix_2x2.min_units=4
+    fixed_prefix_2x2.max_rate=0.5
+    bridge_bitexact.min_units=4
+    donor_following.min_units=1
+"""
+
+
+def setup_suite(pytester: pytest.Pytester, conftest: str = "", ini: str = LOW_BARS) -> None:
+    for f in (REPO / "suites").glob("test_*.py"):
+        shutil.copy(f, pytester.path / f.name)
+    pytester.makeini(ini)
+    if conftest:
+        pytester.makeconftest(conftest)
+
+
+def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunResult, dict]:
+    report = pytester.path / "report.json"
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={ckpt}", "--kvaudit-n=8", f"--kvaudit-report={report}",
+                                        "-p", "no:cacheprovider", "-rs", *args)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return res, data
+
+
+def statuses(data: dict) -> dict[str, str]:
+    return {k: v["status"] for k, v in data["claims"].items()}
+
+
+def test_help_lists_the_kvaudit_group(pytester: pytest.Pytester) -> None:
+    res = pytester.runpytest_subprocess("--help")
+    res.stdout.fnmatch_lines(["*kvaudit*", "*--kvaudit-model=KVAUDIT_MODEL*", "*--kvaudit-dtypes=*",
+                              "*--kvaudit-report=*", "*kvaudit_thresholds*"])
+
+
+def test_importing_the_plugin_does_not_import_torch() -> None:
+    code = "import sys, pytest_kvaudit.plugin; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_option_values_are_one_line_usage_errors(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    res = pytester.runpytest_subprocess("--kvaudit-dtypes=bf16,fp8")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-dtypes: unknown precision 'fp8'; use bf16, fp16 or fp32"])
+
+
+def test_missing_checkpoint_is_one_line_per_claim(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    setup_suite(pytester)
+    res, _ = run(pytester, tmp_path / "nowhere")
+    res.assert_outcomes(errors=5)
+    res.stdout.fnmatch_lines(["*checkpoint directory */nowhere does not exist: pass --kvaudit-model=DIR*"])
+    res.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester)
+    res, data = run(pytester, tiny_llama, "--junitxml=junit.xml")
+    assert res.ret == 0, res.stdout.str()
+    assert set(data) >= {"model", "environment", "items", "claims", "analyses", "cost"}
+    assert data["model"]["architecture"] == "LlamaForCausalLM" and data["model"]["num_layers"] == 2
+    assert data["model"]["weights_digest"].startswith("sha256:")
+    assert data["items"] == {"total": 8, "eligible": 8, "ineligible": {}}
+    for name in ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following"):
+        c = data["claims"][name]
+        assert set(c) >= {"status", "n", "k", "interval", "reason", "figures"}
+    s = statuses(data)
+    assert s["replica_exactness"] == "pass" and s["bridge_bitexact"] == "pass"
+    assert data["claims"]["replica_exactness"]["n"] == 8 * 2 * 2
+    m = data["claims"]["matched_construction"]["figures"]
+    assert set(m["divergent_suffixes"]) == {"bf16", "fp32"}
+    for key in ("label_disagreements", "accuracy_live", "accuracy_prefill", "accuracy_diff", "accuracy_diff_ci"):
+        assert set(m[key]) == {"bf16", "fp32"}
+    assert set(data["claims"]["fixed_prefix_2x2"]["figures"]["disagreements"]) == {"bf16", "fp32"}
+    assert data["cost"]["forward_tokens"] == data["cost"]["minimal_forward_tokens"] > 0
+    res.stdout.fnmatch_lines(["*kvaudit claims*", "replica_exactness*PASS*32/32*", "bridge_bitexact*PASS*"])
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="kvaudit_claim"' in junit
+
+
+BREAK = """
+import torch
+from pytest_kvaudit import cache as kv
+from pytest_kvaudit.store import Store
+
+def noisy_logits(paths):
+    def hook(logits, path):
+        return logits + 1e-3 * torch.ones_like(logits) if path in paths else logits
+    return hook
+
+def noisy_state(paths, dtypes=None):
+    def hook(cache, path):
+        if path not in paths:
+            return
+        gen = torch.Generator().manual_seed(0)
+        for k, v in kv.layer_kv(cache):
+            if dtypes is None or str(k.dtype) in dtypes:
+                k.add_(8 * torch.randn(k.shape, generator=gen).to(k.dtype))
+                v.add_(8 * torch.randn(v.shape, generator=gen).to(v.dtype))
+    return hook
+"""
+
+
+def test_noise_in_one_replica_fails_replica_exactness(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester, BREAK + "Store.logits_hook = noisy_logits({'prefill:replica'})\n")
+    res, data = run(pytester, tiny_llama, "test_replica_exactness.py")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ: t00@bf16/prefill (logits)*"])
+    assert statuses(data) == {"replica_exactness": "fail"}
+    assert data["claims"]["replica_exactness"]["k"] == 16
+
+
+def test_perturbed_incremental_path_fails_the_bridge(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'incremental'})\n")
+    res, data = run(pytester, tiny_llama, "test_bridge_bitexact.py")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*bridge_bitexact FAILED: incremental differs from live on t00@bf16 (K/V of layers 0:k,0:v,1:k,1:v)*"])
+
+
+def test_transplants_follow_when_the_cache_carries_the_divergence(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'prefill'})\n")
+    res, data = run(pytester, tiny_llama, "test_donor_following.py")
+    fig = data["claims"]["donor_following"]["figures"]
+    assert fig["live_to_prefill"][1] >= 3, fig  # the noise made divergent units
+    assert fig["live_to_prefill"][0] == fig["live_to_prefill"][1]
+    assert fig["prefill_to_live"][0] == fig["prefill_to_live"][1]
+    res.assert_outcomes(passed=1)
+
+
+def test_a_transplant_that_copies_nothing_fails_donor_following(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    conftest = BREAK + (
+        "Store.state_hook = noisy_state({'prefill'})\n"
+        "Store.transplant_fn = staticmethod(lambda receiver, donor, layers, parts: kv.clone(receiver))\n"
+    )
+    setup_suite(pytester, conftest)
+    res, data = run(pytester, tiny_llama, "test_donor_following.py")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*donor_following FAILED: receivers that did not follow: t0*"])
+    assert data["claims"]["donor_following"]["k"] == 0
+
+
+def test_fp32_noise_that_flips_tokens_fails_the_2x2(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    ini = LOW_BARS.replace("fixed_prefix_2x2.max_rate=0.5", "fixed_prefix_2x2.max_rate=0.02")
+    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'prefill', 'fixed:prefill'}, {'torch.float32'})\n", ini)
+    res, data = run(pytester, tiny_llama, "test_fixed_prefix_2x2.py")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*fixed_prefix_2x2 FAILED: *fp32: * decoded disagreements*"])
+    assert data["claims"]["fixed_prefix_2x2"]["figures"]["disagreements"]["fp32"] >= 1
+
+
+def test_zero_eligible_items_make_every_claim_inconclusive(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester)
+    res, data = run(pytester, tiny_llama, "--kvaudit-boundary=ZZZ")
+    res.assert_outcomes(skipped=5)
+    assert set(statuses(data).values()) == {"inconclusive"}
+    assert data["items"]["eligible"] == 0 and data["items"]["ineligible"] == {"boundary_not_reached": 8}
+    res.stdout.fnmatch_lines(["*replica_exactness inconclusive: 0 replica units, needs 4 (ineligible: boundary_not_reached 16)*"])
