@@ -57,7 +57,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     REPORT: "write the JSON report to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
-    THREADS: "torch CPU threads (default: torch's, split between xdist workers)",
+    THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
 }
 _FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
@@ -153,36 +153,74 @@ class KvauditSession:
     error: str | None = None
     claims: dict[str, ClaimResult] = field(default_factory=dict)
     run_info: dict[str, Any] = field(default_factory=dict)
+    shard: tuple[int, int, Path] | None = None  # (index, count, folder) on a sharding xdist worker
     started: float = field(default_factory=time.perf_counter)
 
     def get_store(self) -> Store:
-        if self.error is not None:
-            pytest.fail(self.error, pytrace=False)
-        if self.store is None:
+        """The run's store: computed here, or merged from every xdist worker's shard."""
+        if self.store is None and self.error is None:
             try:
-                self.store = self._compute()
+                self.store = self._merge_shards() if self.shard else self._compute()
             except KvauditError as exc:
                 self.error = str(exc)
-            if self.error is not None:
-                pytest.fail(self.error, pytrace=False)
+        if self.error is not None:
+            pytest.fail(self.error, pytrace=False)
         assert self.store is not None
         return self.store
 
-    def _compute(self) -> Store:
+    def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
         from .store import Store
 
-        cfg = self.config
-        threads = cfg.threads
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-        if threads is None and workers > 1:
-            threads = max(1, (os.cpu_count() or 1) // workers)
-        if threads is not None:
-            import torch
+        import torch
 
-            torch.set_num_threads(threads)
-        store = Store.open(cfg)
+        # One CPU thread per process by default: thread count changes the bits of CPU matmuls, and
+        # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
+        torch.set_num_threads(self.config.threads or 1)
+        return Store.open(self.config, shard_index, shard_count)
+
+    def _compute(self) -> Store:
+        store = self._open()
         store.compute(progress=self._progress())
         return store
+
+    def compute_shard(self) -> None:
+        """On an xdist worker, before any test: compute this worker's shard and hand it to the others."""
+        from .xdist_glue import write_shard, write_shard_error
+
+        assert self.shard is not None
+        index, count, folder = self.shard
+        if index < 0:
+            return
+        try:
+            store = self._open(index, count)
+            store.compute()
+            write_shard(folder, index, store.export())
+        except KvauditError as exc:
+            write_shard_error(folder, index, str(exc))
+
+    def _merge_shards(self) -> Store:
+        from .items import load_item_set
+        from .loading import resolve_checkpoint
+        from .store import Store
+        from .xdist_glue import collect_shards
+
+        assert self.shard is not None
+        _, count, folder = self.shard
+        got = collect_shards(folder, count)
+        if got["error"]:
+            raise KvauditError(got["error"])
+        cfg = self.config
+        local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)
+        if not cfg.items and (local / "items.jsonl").is_file():
+            cfg = cfg.replace(items=str(local / "items.jsonl"))
+        item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+        return Store.merged(cfg, item_set, got["exports"])
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        if self.shard is not None and not session.config.option.collectonly:
+            self.compute_shard()
+        return (yield)
 
     def _progress(self) -> Callable[[int, int, int, float], None] | None:
         tr = self.pytest_config.pluginmanager.get_plugin("terminalreporter")
@@ -256,6 +294,12 @@ def pytest_configure(config: pytest.Config) -> None:
                           Path(rp) if rp else None)
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
+    if config.pluginmanager.hasplugin("xdist"):
+        from .xdist_glue import XdistController, worker_shard
+
+        sess.shard = worker_shard(config)
+        if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+            config.pluginmanager.register(XdistController(), "kvaudit-xdist")
 
 
 @pytest.hookimpl
@@ -312,8 +356,13 @@ class Judge:
             if marker is None or not marker.args:
                 raise pytest.UsageError(f"{self.node.nodeid}: name the claim, kvaudit_judge.claim('replica_exactness')")
             name = str(marker.args[0])
-        result = JUDGES[name](list(self.store.records.values()), self.thresholds(name, **overrides),
-                              self.session.config.dtypes)
+        th = self.thresholds(name, **overrides)
+        if name == "donor_following":
+            th["max_units"] = float(self.session.config.donor_max_units)
+        result = JUDGES[name](list(self.store.records.values()), th, self.session.config.dtypes)
+        if self.store.missing and result.status == "pass":
+            result.status = "inconclusive"
+            result.reason = f"{len(self.store.missing)} items missing (a worker died): {result.reason}"
         return self.verdict(result)
 
     def exact(self, name: str, units: dict[str, bool], min_units: int = 1, reason: str = "") -> ClaimResult:

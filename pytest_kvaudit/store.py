@@ -111,6 +111,7 @@ class Store:
         self.identity: dict[str, Any] = {}
         self.environment: dict[str, Any] = {}
         self.computed = False
+        self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self._handles: dict[str, ModelHandle] = {}
 
     @classmethod
@@ -120,6 +121,29 @@ class Store:
             cfg = cfg.replace(items=str(local / "items.jsonl"))
         item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
         return cls(cfg, item_set, shard_index, shard_count, **kw)
+
+    @classmethod
+    def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
+        """One store over the whole item set from shard exports, in the order a single process computes."""
+        s = cls(cfg, item_set)
+        found: dict[tuple[str, str], CellRecord] = {}
+        for e in exports:
+            for d in e["records"]:
+                r = CellRecord.from_dict(d)
+                found[(r.item_id, r.dtype)] = r
+            for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens"):
+                setattr(s.cost, k, getattr(s.cost, k) + e["cost"][k])
+            s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
+            s.identity = s.identity or e["identity"]
+            s.environment = s.environment or e["environment"]
+        for dtype in cfg.dtypes:
+            for item in item_set.items:
+                if (item.id, dtype) in found:
+                    s.records[(item.id, dtype)] = found[(item.id, dtype)]
+        have = {i for i, _ in found}
+        s.missing = [it.id for it in item_set.items if it.id not in have]
+        s.computed = True
+        return s
 
     # -- reading -------------------------------------------------------------------------------
     def record(self, item_id: str, dtype: str) -> CellRecord:
@@ -312,6 +336,7 @@ class Store:
     # -- plain data for xdist and the ledger ----------------------------------------------------
     def export(self) -> dict[str, Any]:
         return {
+            "shard": [self.shard_index, self.shard_count],
             "records": [r.to_dict() for r in self.records.values()],
             "cost": asdict(self.cost),
             "identity": self.identity,

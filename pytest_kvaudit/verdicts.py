@@ -240,8 +240,11 @@ def donor_following(records: list[CellRecord], th: Mapping[str, float]) -> Claim
     figs: dict[str, Any] = {}
     bad, statuses, reasons = [], [], []
     n_all = k_all = 0
+    # units chosen by divergence alone: the first max_units divergent records, in item order
+    chosen = [r for r in rows if any(t.layers is None and t.parts == "kv" for t in r.transplants)]
+    chosen = chosen[: int(th.get("max_units", len(chosen)))]
     for direction in ("live_to_prefill", "prefill_to_live"):
-        ts = [(r, t) for r in rows for t in r.transplants if t.direction == direction and t.layers is None and t.parts == "kv"]
+        ts = [(r, t) for r in chosen for t in r.transplants if t.direction == direction and t.layers is None and t.parts == "kv"]
         k = sum(t.followed for _, t in ts)
         n = len(ts)
         n_all, k_all = n_all + n, k_all + k

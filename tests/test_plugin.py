@@ -176,3 +176,46 @@ def test_zero_eligible_items_make_every_claim_inconclusive(pytester: pytest.Pyte
     assert set(statuses(data).values()) == {"inconclusive"}
     assert data["items"]["eligible"] == 0 and data["items"]["ineligible"] == {"boundary_not_reached": 8}
     res.stdout.fnmatch_lines(["*replica_exactness inconclusive: 0 replica units, needs 4 (ineligible: boundary_not_reached 16)*"])
+
+
+@pytest.fixture(scope="module")
+def baseline_claims(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> dict:
+    from pytest_kvaudit.report import dumps  # noqa: F401  (the same serialiser the report uses)
+
+    d = tmp_path_factory.mktemp("baseline")
+    for f in (REPO / "suites").glob("test_*.py"):
+        shutil.copy(f, d / f.name)
+    (d / "pytest.ini").write_text(LOW_BARS)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--kvaudit-model={tiny_llama}",
+                    "--kvaudit-n=8", f"--kvaudit-report={d / 'r.json'}"], cwd=d, check=True, capture_output=True)
+    return json.loads((d / "r.json").read_text())
+
+
+@pytest.mark.parametrize("mode", [["-n", "0"], ["-n", "2"], ["-p", "no:xdist"]], ids=["n0", "n2", "no-xdist"])
+def test_figures_are_identical_with_and_without_xdist(pytester: pytest.Pytester, tiny_llama: Path,
+                                                      baseline_claims: dict, mode: list[str]) -> None:
+    setup_suite(pytester)
+    res, data = run(pytester, tiny_llama, *mode)
+    assert res.ret == 0, res.stdout.str()
+    assert data["claims"] == baseline_claims["claims"]
+    assert data["items"] == baseline_claims["items"]
+    assert data["cost"]["forward_tokens"] == baseline_claims["cost"]["forward_tokens"]
+
+
+def test_a_crashed_worker_never_turns_into_a_pass(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    crash = (
+        "import os\n"
+        "from pytest_kvaudit.store import Store\n"
+        "_compute = Store.compute\n"
+        "def compute(self, progress=None):\n"
+        "    if self.shard_index == 1:\n"
+        "        os._exit(3)\n"
+        "    return _compute(self, progress)\n"
+        "Store.compute = compute\n"
+    )
+    setup_suite(pytester, crash)
+    res, data = run(pytester, tiny_llama, "-n", "2")
+    assert res.ret != 0
+    assert "pass" not in statuses(data).values()
+    assert data["items"]["ineligible"].get("missing") == 4
+    res.stdout.fnmatch_lines(["*items missing (a worker died)*"])
