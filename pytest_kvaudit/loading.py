@@ -173,6 +173,7 @@ def environment(device: str) -> dict[str, Any]:
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cpu_capability": _cpu_capability(),
     }
     if device.startswith("cuda"):
         env["device_name"] = torch.cuda.get_device_name(device)
@@ -182,6 +183,16 @@ def environment(device: str) -> dict[str, Any]:
             "math": torch.backends.cuda.math_sdp_enabled(),
         }
     return env
+
+
+def _cpu_capability() -> str:
+    """The vector ISA torch's CPU kernels dispatch to (AVX2, AVX512, ...): it decides CPU bits."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:
+        return "unknown"
 
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:

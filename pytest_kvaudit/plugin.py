@@ -40,6 +40,8 @@ THREADS = "--kvaudit-threads"
 TRUST_REMOTE_CODE = "--kvaudit-trust-remote-code"
 ALLOW_PICKLE = "--kvaudit-allow-pickle"
 CHAT_TEMPLATE = "--kvaudit-chat-template"
+SNAPSHOTS = "--kvaudit-snapshots"
+LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
@@ -57,12 +59,14 @@ _VALUE_OPTIONS: dict[str, str] = {
     REPORT: "write the JSON report to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
+    SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
 }
 _FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
     ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
     CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
+    LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
 }
 
 
@@ -227,18 +231,27 @@ class KvauditSession:
         cap = self.pytest_config.pluginmanager.get_plugin("capturemanager")
         if tr is None or hasattr(self.pytest_config, "workerinput"):
             return None
-        last = [0.0]
+        tty = bool(getattr(tr, "isatty", False))
+        state = {"shown": 0.0, "decile": 0}
 
         def show(done: int, total: int, tokens: int, seconds: float) -> None:
-            if done < total and seconds - last[0] < 2.0:
+            # a terminal gets one line rewritten in place; a log gets a line every tenth of the work
+            decile = done * 10 // total
+            if done < total and ((tty and seconds - state["shown"] < 0.5) or (not tty and decile == state["decile"])):
                 return
-            last[0] = seconds
+            state["shown"], state["decile"] = seconds, decile
             rate = tokens / seconds if seconds > 0 else 0.0
             left = seconds / done * (total - done) if done else 0.0
-            msg = f"kvaudit: {done}/{total} item-precision cells, {rate:,.0f} tokens/s, {left:.0f}s left"
+            msg = f"kvaudit: {done}/{total} item x precision cells, {rate:,.0f} tokens/s, ~{left:.0f}s left"
             ctx = cap.global_and_fixture_disabled() if cap is not None else _null()
             with ctx:
-                tr.write_line(msg)
+                if tty:
+                    tr.rewrite(msg, erase=True)
+                    if done == total:
+                        tr.write_line("")
+                else:
+                    tr.ensure_newline()
+                    tr.write_line(msg)
 
         return show
 
@@ -375,6 +388,60 @@ class Judge:
         status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
         why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
         return self.verdict(ClaimResult(name, status, n, k, wilson_interval(k, n), reason or why, {}, bad))
+
+    def ledger(self, snapshot: Any) -> ClaimResult:
+        """The ledger audit: record with ``--snapshot-update``; otherwise every recorded unit must reproduce."""
+        from . import ledger as L
+        from .snapshot import extension_for
+        from .verdicts import FAIL, INCONCLUSIVE, PASS, ClaimResult
+
+        cfg, pc = self.session.config, self.session.pytest_config
+        root = Path(_value(pc, SNAPSHOTS) or pc.rootpath / "snapshots")
+        tokens_only = bool(pc.getoption(_dest(LEDGER_TOKENS_ONLY)) or pc.getini(_dest(LEDGER_TOKENS_ONLY)))
+        ext = extension_for(root, L.slug(cfg.model), tokens_only)
+        snap = snapshot.use_extension(ext)
+        path = ext.ledger_path(snap.test_location)
+        current = L.build(self.store)
+        name = "ledger_audit"
+
+        def result(status: str, reason: str, n: int = 0, k: int = 0, figs: dict | None = None,
+                   bad: list[str] | None = None) -> ClaimResult:
+            from .stats import wilson_interval
+
+            return self.verdict(ClaimResult(name, status, n, k, wilson_interval(k, n), reason, figs or {}, bad or []))
+
+        if snap.session.update_snapshots:
+            assert snap == current
+            return result(INCONCLUSIVE, f"ledger of {len(current['units'])} units recorded to {path}; "
+                                        "a plain run audits against it")
+        if not path.is_file():
+            return result(INCONCLUSIVE, f"no ledger recorded for this model at {path}: record one with --snapshot-update")
+        try:
+            recorded = L.parse(path.read_text(encoding="utf-8"), str(path))
+        except KvauditError as exc:
+            return result(FAIL, str(exc))
+        diffs = L.identity_differences(recorded, current, tokens_only)
+        if diffs:
+            model_diff = any(d.startswith(("model.", "config.")) for d in diffs)
+            fix = ("record a ledger for this checkpoint with --snapshot-update (or --kvaudit-snapshots=DIR)" if model_diff
+                   else "audit token-level fields only with --kvaudit-ledger-tokens-only, or re-record here")
+            return result(FAIL, f"ledger {path} was recorded for another "
+                                f"{'model' if model_diff else 'environment'}: {'; '.join(diffs)}; {fix}")
+        a = L.audit(recorded, current, tokens_only)
+        figs = {"reproduced": a.reproduced, "units": a.units, "not_recorded": len(a.not_recorded), "not_run": a.not_run,
+                "tokens_only": tokens_only, "ledger": str(path)}
+        if a.mismatches:
+            bad = [f"{u} ({', '.join(f[:3])}{'...' if len(f) > 3 else ''})" for u, f in a.mismatches.items()]
+            return result(FAIL, f"{len(bad)}/{a.units} units not reproduced: {'; '.join(bad[:6])}"
+                                f"{' and more' if len(bad) > 6 else ''}", a.units, a.reproduced, figs, bad)
+        th = self.thresholds(name)
+        if a.units < th["min_units"]:
+            return result(INCONCLUSIVE, f"{a.units} units both recorded and run, needs {int(th['min_units'])}",
+                          a.units, a.reproduced, figs)
+        assert snap == current  # syrupy's own bookkeeping: the ledger is used, and it matches
+        return result(PASS, f"all {a.units} recorded units reproduced"
+                            f"{' (token-level fields)' if tokens_only else ' (ids, labels and every fingerprint)'}",
+                      a.units, a.reproduced, figs)
 
     def verdict(self, result: ClaimResult) -> ClaimResult:
         self.session.record(result, self.node)

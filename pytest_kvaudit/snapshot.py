@@ -1,0 +1,53 @@
+"""The syrupy extension that keeps ledgers under the top-level ``snapshots/<model-slug>/``.
+
+One JSON file per test (``snapshots/<slug>/<test module>/<test name>.json``), written atomically
+(temporary file + rename) so an interrupted ``--snapshot-update`` leaves the previous ledger whole.
+The comparison is :func:`pytest_kvaudit.ledger.matches`: the whole document, or only its token-level
+fields in a cross-machine audit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from syrupy.extensions.json import JSONSnapshotExtension
+
+from . import ledger
+from .report import atomic_write_text
+
+
+class LedgerExtension(JSONSnapshotExtension):
+    """Subclassed per run by :func:`extension_for` with the run's folder and comparison mode."""
+
+    root: Path = Path("snapshots")
+    model_slug: str = "model"
+    tokens_only: bool = False
+
+    @classmethod
+    def dirname(cls, *, test_location: Any) -> str:
+        return str(cls.root / cls.model_slug / Path(test_location.filepath).stem)
+
+    @classmethod
+    def discovery_dirname(cls, *, test_location: Any) -> str:
+        return str(cls.root / cls.model_slug)
+
+    def serialize(self, data: Any, **kwargs: Any) -> str:
+        return ledger.dumps(data)
+
+    def matches(self, *, serialized_data: Any, snapshot_data: Any) -> bool:
+        return ledger.matches(str(snapshot_data), str(serialized_data), self.tokens_only)
+
+    @classmethod
+    def write_snapshot_collection(cls, *, snapshot_collection: Any, name_order: Any = None) -> None:
+        data = next(iter(snapshot_collection)).data
+        atomic_write_text(Path(snapshot_collection.location), str(data))
+
+    @classmethod
+    def ledger_path(cls, test_location: Any) -> Path:
+        name = cls.get_snapshot_name(test_location=test_location, index=0)
+        return Path(cls.dirname(test_location=test_location)) / f"{name}.{cls.file_extension}"
+
+
+def extension_for(root: Path, model_slug: str, tokens_only: bool) -> type[LedgerExtension]:
+    return type("KvauditLedger", (LedgerExtension,), {"root": root, "model_slug": model_slug, "tokens_only": tokens_only})
