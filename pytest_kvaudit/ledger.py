@@ -80,7 +80,7 @@ def build(store: Any) -> dict[str, Any]:
     cfg, iset = store.cfg, store.item_set
     return {
         "kvaudit_ledger": LEDGER_VERSION,
-        "model": {k: store.identity.get(k) for k in ("id", *MODEL_FIELDS)},
+        "model": {"id": slug(str(store.identity.get("id", ""))), **{k: store.identity.get(k) for k in MODEL_FIELDS}},
         "environment": {k: store.environment.get(k) for k in ENV_FIELDS},
         "config": {"boundary": iset.boundary, "max_new_tokens": iset.max_new_tokens,
                    "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes)},

@@ -41,6 +41,7 @@ TRUST_REMOTE_CODE = "--kvaudit-trust-remote-code"
 ALLOW_PICKLE = "--kvaudit-allow-pickle"
 CHAT_TEMPLATE = "--kvaudit-chat-template"
 SNAPSHOTS = "--kvaudit-snapshots"
+BASELINE = "--kvaudit-baseline"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
@@ -59,6 +60,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     REPORT: "write the JSON report to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
+    BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
 }
@@ -421,13 +423,17 @@ class Judge:
         except KvauditError as exc:
             return result(FAIL, str(exc))
         diffs = L.identity_differences(recorded, current, tokens_only)
+        a = L.audit(recorded, current, tokens_only)
         if diffs:
             model_diff = any(d.startswith(("model.", "config.")) for d in diffs)
             fix = ("record a ledger for this checkpoint with --snapshot-update (or --kvaudit-snapshots=DIR)" if model_diff
                    else "audit token-level fields only with --kvaudit-ledger-tokens-only, or re-record here")
+            moved = [f"{u} ({', '.join(f[:2])})" for u, f in a.mismatches.items()]
+            units = (f"; {len(moved)}/{a.units} units differ: {'; '.join(moved[:4])}{' and more' if len(moved) > 4 else ''}"
+                     if moved else "")
             return result(FAIL, f"ledger {path} was recorded for another "
-                                f"{'model' if model_diff else 'environment'}: {'; '.join(diffs)}; {fix}")
-        a = L.audit(recorded, current, tokens_only)
+                                f"{'model' if model_diff else 'environment'}: {'; '.join(diffs)}; {fix}{units}",
+                          a.units, a.reproduced, {"identity_differences": diffs}, list(a.mismatches))
         figs = {"reproduced": a.reproduced, "units": a.units, "not_recorded": len(a.not_recorded), "not_run": a.not_run,
                 "tokens_only": tokens_only, "ledger": str(path)}
         if a.mismatches:
@@ -459,12 +465,12 @@ def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSessio
 
 
 def _report(sess: KvauditSession) -> dict[str, Any] | None:
-    from .report import build
+    from .report import build, compare, load_baseline
 
     if not sess.claims:
         return None
     info = sess.run_info or {}
-    return build(
+    rep = build(
         info.get("model", {}),
         info.get("environment", {}),
         info.get("items", {"total": 0, "eligible": 0, "ineligible": {}}),
@@ -472,6 +478,20 @@ def _report(sess: KvauditSession) -> dict[str, Any] | None:
         info.get("cost", {}),
         config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
     )
+    base = _value(sess.pytest_config, BASELINE)
+    if base:
+        try:
+            rep["baseline"] = {"path": base, **compare(load_baseline(Path(base)), rep)}
+        except KvauditError as exc:
+            rep["baseline"] = {"path": base, "error": str(exc), "changes": []}
+    return rep
+
+
+def _snapshot_report_path(config: pytest.Config, sess: KvauditSession) -> Path:
+    from .ledger import slug
+
+    root = Path(_value(config, SNAPSHOTS) or config.rootpath / "snapshots")
+    return root / slug(sess.config.model) / "report.json"
 
 
 @pytest.hookimpl
@@ -490,6 +510,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("=", "kvaudit claims")
     for line in lines(rep):
         terminalreporter.write_line(line)
+    if "baseline" in rep:
+        from .report import compare_lines
+
+        terminalreporter.write_sep("-", f"kvaudit: changes from the baseline {rep['baseline']['path']}")
+        for line in [rep["baseline"]["error"]] if "error" in rep["baseline"] else compare_lines(rep["baseline"]):
+            terminalreporter.write_line(line)
     if sess.report_path is not None:
         terminalreporter.write_line(f"report written to {sess.report_path}")
 
@@ -500,11 +526,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
-    if sess.report_path is None:
-        return
     rep = _report(sess)
     if rep is None:
         return
     from .report import atomic_write_text, dumps
 
-    atomic_write_text(sess.report_path, dumps(rep))
+    if sess.report_path is not None:
+        atomic_write_text(sess.report_path, dumps(rep))
+    if config.getoption("update_snapshots", False) and "ledger_audit" in sess.claims:
+        # the run's verdicts beside its ledger: what --kvaudit-baseline compares a new checkpoint with
+        atomic_write_text(_snapshot_report_path(config, sess), dumps({k: v for k, v in rep.items() if k != "baseline"}))

@@ -135,8 +135,9 @@ def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
     for name, c in sorted(report["claims"].items(), key=lambda kv: (_order(kv[0]), kv[0])):
         rc = ClaimResult(**{**c, "interval": tuple(c["interval"])})
         kn = f"{c['k']}/{c['n']}"
-        out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {key_figure(rc)}")
-        if c["status"] != "pass":
+        fig = key_figure(rc)
+        out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {fig}")
+        if c["status"] != "pass" and fig != c["reason"]:
             out.append(f"{'':<22} └ {c['reason']}")
     cost = report.get("cost", {})
     if cost:
@@ -145,4 +146,76 @@ def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
             f"cost {cost['forward_calls']} forwards, {cost['forward_tokens']} tokens "
             f"({ratio:.2f}x the minimum), {cost['seconds']:.1f}s"
         )
+    return out
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """A recorded report: a report JSON file, or a snapshots/<slug>/ folder holding report.json."""
+    from .errors import KvauditError
+
+    p = path / "report.json" if path.is_dir() else path
+    if not p.is_file():
+        raise KvauditError(f"--kvaudit-baseline: no report at {p}: record one with --snapshot-update or --kvaudit-report")
+    try:
+        rep = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise KvauditError(f"--kvaudit-baseline: {p} is not valid JSON (line {exc.lineno}): truncated?") from None
+    if not isinstance(rep, dict) or not isinstance(rep.get("claims"), dict):
+        raise KvauditError(f"--kvaudit-baseline: {p} is not a kvaudit report (no 'claims' block)")
+    return rep
+
+
+def _rates(claim: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """The rates a regression check watches, as (k, n): divergences, disagreements, donors followed."""
+    f = claim.get("figures", {})
+    out: dict[str, tuple[int, int]] = {}
+    for d, v in (f.get("divergent_suffixes") or {}).items():
+        out[f"divergent_suffixes[{d}]"] = (int(v), int(f.get("n", {}).get(d, 0)))
+    for d, v in (f.get("disagreements") or {}).items():
+        out[f"disagreements[{d}]"] = (int(v), int(f.get("n", {}).get(d, 0)))
+    for key in ("live_to_prefill", "prefill_to_live"):
+        if key in f:
+            out[key] = (int(f[key][0]), int(f[key][1]))
+    return out
+
+
+def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """What changed from a baseline run: verdicts, and rates that left the baseline's 95% Wilson interval."""
+    from .stats import wilson_interval
+
+    changes: list[dict[str, Any]] = []
+    for name, c in sorted(current["claims"].items(), key=lambda kv: (_order(kv[0]), kv[0])):
+        b = baseline["claims"].get(name)
+        if b is None:
+            changes.append({"claim": name, "kind": "new", "now": c["status"]})
+            continue
+        if b["status"] != c["status"]:
+            kind = "regression" if b["status"] == "pass" and c["status"] == "fail" else "verdict"
+            changes.append({"claim": name, "kind": kind, "was": b["status"], "now": c["status"]})
+        old, new = _rates(b), _rates(c)
+        for key, (k, n) in new.items():
+            if key not in old or n == 0 or old[key][1] == 0:
+                continue
+            lo, hi = wilson_interval(*old[key])
+            rate = k / n
+            if not lo <= rate <= hi:
+                changes.append({"claim": name, "kind": "rate", "figure": key, "was": list(old[key]),
+                                "now": [k, n], "baseline_interval": [lo, hi]})
+    return {"model_was": baseline.get("model", {}).get("weights_digest"), "changes": changes}
+
+
+def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
+    if not cmp["changes"]:
+        return ["no change from the baseline: every verdict and rate within its baseline interval"]
+    out = []
+    for ch in cmp["changes"]:
+        if ch["kind"] == "rate":
+            (k0, n0), (k1, n1) = ch["was"], ch["now"]
+            lo, hi = ch["baseline_interval"]
+            out.append(f"{ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the baseline's [{lo:.3f}, {hi:.3f}]")
+        elif ch["kind"] == "new":
+            out.append(f"{ch['claim']}: new claim, {ch['now']}")
+        else:
+            tag = "REGRESSION " if ch["kind"] == "regression" else ""
+            out.append(f"{tag}{ch['claim']}: {ch['was']} -> {ch['now']}")
     return out

@@ -1,0 +1,184 @@
+"""Ledger lifecycle as pytest-regressions tests it: record -> pass -> change -> fail -> update -> pass,
+also under -n 2; refusals for another model or environment; atomic writes; broken files named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pytest_kvaudit.errors import KvauditError
+from pytest_kvaudit.ledger import parse
+from pytest_kvaudit.report import atomic_write_text
+
+LEDGER = "snapshots/{slug}/test_ledger_audit/test_ledger_audit.json"
+
+
+def setup(pytester: pytest.Pytester, conftest: str = "") -> None:
+    shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
+    if conftest:
+        pytester.makeconftest(conftest)
+
+
+def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunResult, dict]:
+    rep = pytester.path / "r.json"
+    if rep.exists():
+        rep.unlink()
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={ckpt}", "--kvaudit-n=6", f"--kvaudit-report={rep}",
+                                        "-p", "no:cacheprovider", "-rs", *args)
+    return res, (json.loads(rep.read_text())["claims"]["ledger_audit"] if rep.exists() else {})
+
+
+NOISE = """
+import torch
+from pytest_kvaudit.store import Store
+def hook(logits, path):
+    return logits + 1e-3 if path == "prefill" and logits.dtype == torch.float32 else logits
+Store.logits_hook = hook
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "n2"])
+def test_record_audit_change_update(pytester: pytest.Pytester, tiny_llama: Path, xdist: list[str]) -> None:
+    setup(pytester)
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    res, c = run(pytester, tiny_llama, *xdist)
+    res.assert_outcomes(skipped=1)
+    assert c["status"] == "inconclusive" and "record one with --snapshot-update" in c["reason"]
+
+    res, c = run(pytester, tiny_llama, "--snapshot-update", *xdist)
+    assert path.is_file() and c["status"] == "inconclusive" and "12 units recorded" in c["reason"]
+    recorded = path.read_text()
+
+    res, c = run(pytester, tiny_llama, *xdist)
+    res.assert_outcomes(passed=1)
+    assert (c["status"], c["k"], c["n"]) == ("pass", 12, 12)
+
+    pytester.makeconftest(NOISE)  # the computation changes: fp32 prefill logits move
+    res, c = run(pytester, tiny_llama, *xdist)
+    res.assert_outcomes(failed=1)
+    assert c["status"] == "fail" and c["k"] == 6 and c["n"] == 12
+    res.stdout.fnmatch_lines(["*ledger_audit FAILED: 6/12 units not reproduced: t00@fp32 (comparison_fp, constructions.prefill.logits_fp*"])
+    assert path.read_text() == recorded  # a failing audit writes nothing
+
+    res, c = run(pytester, tiny_llama, "--snapshot-update", *xdist)
+    assert path.read_text() != recorded
+    res, c = run(pytester, tiny_llama, *xdist)
+    res.assert_outcomes(passed=1)
+
+
+def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*ledger_audit*PASS*6/6*"])
+
+
+def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path, tmp_path: Path) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    other = tmp_path / tiny_llama.name  # same folder name, so the same ledger slug, other weights
+    from pytest_kvaudit.testing import tiny_checkpoint
+
+    tiny_checkpoint(other, "llama", seed=7, n_items=14)
+    res, c = run(pytester, other)
+    res.assert_outcomes(failed=1)
+    assert c["status"] == "fail"
+    res.stdout.fnmatch_lines(["*was recorded for another model: model.weights_digest recorded 'sha256:*', now 'sha256:*'"
+                              "; record a ledger for this checkpoint with --snapshot-update*units differ: t00@bf16*"])
+
+
+def test_another_environment_is_refused_unless_tokens_only(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    doc = json.loads(path.read_text())
+    doc["environment"]["torch"] = "1.0.0"
+    for u in doc["units"].values():  # another machine: the same tokens, other bits
+        u["comparison_fp"] = "0" * 32
+        for c in u["constructions"].values():
+            c["state_fp"] = "0" * 32
+    path.write_text(json.dumps(doc))
+    res, c = run(pytester, tiny_llama)
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*recorded for another environment: environment.torch recorded '1.0.0', now '*'"
+                              "; audit token-level fields only with --kvaudit-ledger-tokens-only*"])
+    res, c = run(pytester, tiny_llama, "--kvaudit-ledger-tokens-only")
+    res.assert_outcomes(passed=1)
+    assert c["figures"]["tokens_only"] is True
+
+
+def test_truncated_ledger_is_named(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    res, c = run(pytester, tiny_llama)
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines([f"*ledger {path} is not valid JSON (line *): truncated or edited by hand?*"])
+
+
+def test_an_interrupted_update_leaves_the_old_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    before = path.read_bytes()
+    # the update computes a different ledger, then dies in the middle of writing it
+    crash = NOISE + (
+        "import os\n"
+        "def dying_replace(src, dst):\n"
+        "    os._exit(9)\n"
+        "os.replace = dying_replace\n"
+    )
+    pytester.makeconftest(crash)
+    res, _ = run(pytester, tiny_llama, "--snapshot-update")
+    assert res.ret == 9
+    assert path.read_bytes() == before
+    # a hard kill can leave the hidden temporary file, never a half-written ledger in its place
+    assert all(p.name.startswith(".test_ledger_audit.json.") for p in path.parent.iterdir() if p != path)
+    pytester.makeconftest("")
+    res, c = run(pytester, tiny_llama)
+    res.assert_outcomes(passed=1)
+
+
+def test_atomic_write_cleans_up_on_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "ledger.json"
+    target.write_text("old")
+
+    def boom(*a: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"kvaudit_ledger": 1}', '{"kvaudit_ledger": 1, "units": {"a": 3}, '
+                                  '"model": {}, "environment": {}, "config": {}}'])
+def test_broken_ledgers_are_one_line_errors(text: str) -> None:
+    with pytest.raises(KvauditError) as exc:
+        parse(text, "snapshots/x/l.json")
+    assert "snapshots/x/l.json" in str(exc.value) and "\n" not in str(exc.value)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200) | st.recursive(st.none() | st.integers() | st.text(max_size=5),
+                                             lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                                                 st.sampled_from(["kvaudit_ledger", "units", "model", "environment",
+                                                                  "config", "generated"]), c, max_size=6),
+                                             max_leaves=10).map(json.dumps))
+def test_fuzz_ledger_parser_raises_only_our_error(text: str) -> None:
+    try:
+        parse(text, "fuzz.json")
+    except KvauditError:
+        pass
