@@ -221,7 +221,9 @@ def load_model(
 ) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # progress is kvaudit's to show, once per run, not per load
     cfg = read_config(path)
     if cfg.get("auto_map") and not trust_remote_code and not _known_model_type(cfg.get("model_type")):
         raise KvauditError(

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import cache as kv
-from .config import AuditConfig, BoundaryRule
+from .config import EMBEDDED_DIR, AuditConfig, BoundaryRule
 from .constructions import Continuation, Cost, Decoder, continue_greedy, schedule, trajectory
 from .errors import KvauditError, UnsupportedCacheError
 from .items import Item, ItemSet, extract_answer, load_item_set
@@ -198,6 +199,8 @@ class Store:
             h = self.handle(dtype)
             if not self.identity:
                 self.identity = dict(h.identity)
+                if Path(self.cfg.model).resolve() == EMBEDDED_DIR.resolve():
+                    self.identity["id"] = "embedded"
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
             self.environment.setdefault("dtypes", []).append(dtype)
             dec = Decoder(h.model, h.eos_ids, self.cost, type(self).logits_hook, type(self).state_hook)
