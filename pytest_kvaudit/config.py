@@ -97,6 +97,7 @@ class AuditConfig:
     seed: int = 0
     chunks: tuple[int, ...] = ()
     donor_max_units: int = 64
+    sweep_units: int = 8  # divergent items (per shard) that also get the layer sweep
     trust_remote_code: bool = False
     allow_pickle: bool = False
     chat_template: bool = False

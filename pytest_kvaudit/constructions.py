@@ -113,6 +113,8 @@ class Continuation:
     logits_fp: str
     answer: str | None
     label: bool
+    #: top-1 minus top-2 logit at each suffix step (float32): near-tie evidence for the anatomy
+    margins: tuple[float, ...] = ()
 
     @property
     def suffix_fp(self) -> str:
@@ -127,6 +129,15 @@ def _argmax(logits: Any) -> int:
     return int(logits.argmax().item())
 
 
+def _pick(logits: Any) -> tuple[int, float]:
+    """The greedy token (argmax: the lowest index among ties) and its top-2 margin, in one device sync."""
+    import torch
+
+    top2 = logits.float().topk(2).values if logits.numel() > 1 else logits.float().repeat(2)
+    tok, margin = torch.stack([logits.argmax().to(torch.float32), (top2[0] - top2[1]).to(torch.float32)]).tolist()
+    return int(tok), float(margin)
+
+
 class _LogitsDigest:
     def __init__(self) -> None:
         self.h = hashlib.blake2b(b"logits", digest_size=16)
@@ -138,15 +149,24 @@ class _LogitsDigest:
         return self.h.hexdigest()
 
 
-def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int) -> tuple[tuple[int, ...], str]:
-    """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS."""
+def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
+                    margins: list[float] | None = None) -> tuple[tuple[int, ...], str]:
+    """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS.
+
+    Returns the suffix and the digest of every logits vector on the way; ``margins`` (when given)
+    receives each step's top-2 margin.
+    """
     digest = _LogitsDigest()
     suffix: list[int] = []
     tok = last_token
     while len(suffix) < budget:
         logits = dec.step([tok], state)
         digest.add(logits)
-        tok = _argmax(logits)
+        if margins is None:
+            tok = _argmax(logits)
+        else:
+            tok, m = _pick(logits)
+            margins.append(m)
         suffix.append(tok)
         if tok in dec.eos_ids:
             break
@@ -164,6 +184,7 @@ class Trajectory:
     state_fp: str | None = None
     logits_fp: str | None = None
     state: Any = field(default=None, repr=False)  # the live boundary cache, when kept
+    margins: tuple[float, ...] = ()  # top-2 margin at each suffix step
 
     @property
     def prefix(self) -> tuple[int, ...]:
@@ -192,8 +213,13 @@ def trajectory(
     state_fp = None
     state = None
     digest = _LogitsDigest()
+    margins: list[float] = []
     while len(gen) < max_new_tokens:
-        tok = _argmax(logits)
+        if boundary is None:
+            tok = _argmax(logits)
+        else:
+            tok, m = _pick(logits)
+            margins.append(m)
         gen.append(tok)
         if boundary is None and find_boundary(gen, rule, decode) is not None:
             boundary = len(gen)
@@ -220,4 +246,5 @@ def trajectory(
         state_fp=state_fp,
         logits_fp=digest.hexdigest() if boundary is not None else None,
         state=state,
+        margins=tuple(margins),
     )

@@ -50,8 +50,9 @@ def _cont(c: Any) -> dict[str, Any]:
     return {"suffix": ids(c.suffix), "label": bool(c.label), "state_fp": c.state_fp, "logits_fp": c.logits_fp}
 
 
-def unit_of(r: Any) -> dict[str, Any]:
-    """One (item, precision) record as ledger data."""
+def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
+    """One (item, precision) record as ledger data (all-layer transplants only: the layer sweep is
+    descriptive and its units depend on the shard plan)."""
     u: dict[str, Any] = {
         "prompt_ids_digest": hashlib.blake2b(ids(r.prompt_ids).encode(), digest_size=16).hexdigest(),
         "generated": ids(r.generated),
@@ -66,25 +67,25 @@ def unit_of(r: Any) -> dict[str, Any]:
         ).hexdigest()
     if r.fixed:
         u["fixed"] = {k: _cont(c) for k, c in sorted(r.fixed.items())}
-    if r.transplants:
-        u["transplants"] = {
-            f"{t.direction}/{'all' if t.layers is None else ','.join(map(str, t.layers))}/{t.parts}":
-                {"suffix": ids(t.suffix), "followed": t.followed}
-            for t in r.transplants
-        }
+    whole = [t for t in r.transplants if t.layers is None and t.parts == "kv"]
+    if whole and with_transplants:
+        u["transplants"] = {f"{t.direction}/all/kv": {"suffix": ids(t.suffix), "followed": t.followed} for t in whole}
     return u
 
 
 def build(store: Any) -> dict[str, Any]:
     """The ledger document of a computed store."""
     cfg, iset = store.cfg, store.item_set
+    # the donor units the claim judges: the first donor_max_units divergent records, whatever -n
+    chosen = [r for r in store.records.values() if any(t.layers is None and t.parts == "kv" for t in r.transplants)]
+    donors = {id(r) for r in chosen[: cfg.donor_max_units]}
     return {
         "kvaudit_ledger": LEDGER_VERSION,
         "model": {"id": slug(str(store.identity.get("id", ""))), **{k: store.identity.get(k) for k in MODEL_FIELDS}},
         "environment": {k: store.environment.get(k) for k in ENV_FIELDS},
         "config": {"boundary": iset.boundary, "max_new_tokens": iset.max_new_tokens,
                    "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes)},
-        "units": {f"{r.item_id}@{r.dtype}": unit_of(r) for r in store.records.values()},
+        "units": {f"{r.item_id}@{r.dtype}": unit_of(r, id(r) in donors) for r in store.records.values()},
     }
 
 

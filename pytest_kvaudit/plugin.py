@@ -42,6 +42,7 @@ ALLOW_PICKLE = "--kvaudit-allow-pickle"
 CHAT_TEMPLATE = "--kvaudit-chat-template"
 SNAPSHOTS = "--kvaudit-snapshots"
 BASELINE = "--kvaudit-baseline"
+HTML = "--kvaudit-html"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
@@ -58,6 +59,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
     SEED: "seed for the bootstrap and for shard plans (default: 0)",
     REPORT: "write the JSON report to this path",
+    HTML: "write the human report (tables and figures) as HTML to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
     BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
@@ -263,8 +265,11 @@ class KvauditSession:
         if self.store is not None and not self.run_info:
             from .report import items_block
 
+            from .analyses import build as analyses
+
             s = self.store
             self.run_info = {
+                "analyses": analyses(list(s.records.values()), self.config.sweep_units),
                 "model": s.identity,
                 "environment": s.environment,
                 "items": items_block(s.records.values(), [i.id for i in s.items]),
@@ -374,6 +379,8 @@ class Judge:
         th = self.thresholds(name, **overrides)
         if name == "donor_following":
             th["max_units"] = float(self.session.config.donor_max_units)
+        if name == "layer_sweep":
+            th["max_units"] = float(self.session.config.sweep_units)
         result = JUDGES[name](list(self.store.records.values()), th, self.session.config.dtypes)
         if self.store.missing and result.status == "pass":
             result.status = "inconclusive"
@@ -476,6 +483,7 @@ def _report(sess: KvauditSession) -> dict[str, Any] | None:
         info.get("items", {"total": 0, "eligible": 0, "ineligible": {}}),
         sess.claims,
         info.get("cost", {}),
+        analyses=info.get("analyses", {}),
         config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
     )
     base = _value(sess.pytest_config, BASELINE)
@@ -533,6 +541,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if sess.report_path is not None:
         atomic_write_text(sess.report_path, dumps(rep))
+    if (html_path := _value(config, HTML)) is not None:
+        from .html import write
+
+        write(rep, Path(html_path))
     if config.getoption("update_snapshots", False) and "ledger_audit" in sess.claims:
         # the run's verdicts beside its ledger: what --kvaudit-baseline compares a new checkpoint with
         atomic_write_text(_snapshot_report_path(config, sess), dumps({k: v for k, v in rep.items() if k != "baseline"}))

@@ -119,7 +119,7 @@ def key_figure(c: ClaimResult) -> str:
 
 #: the paper's order, then any user claims alphabetically
 CLAIM_ORDER = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
-               "donor_following")
+               "donor_following", "layer_sweep")
 
 
 def _order(name: str) -> int:

@@ -53,6 +53,8 @@ class CellRecord:
     transplants: list[Transplant] = field(default_factory=list)
     #: layers whose K or V differ between the incremental replay and the live cache ("3:k", "3:v")
     bridge_mismatch: list[str] = field(default_factory=list)
+    #: per layer [layer, K max-abs, V max-abs, K relative, V relative] between live and prefill states
+    drift: list[list[float]] = field(default_factory=list)
     unsupported: str | None = None  # why K/V operations do not apply to this model
     error: str | None = None  # an error on this item alone (out of memory), the run went on
 
@@ -87,7 +89,22 @@ class CellRecord:
 
 
 def _cont(v: dict[str, Any]) -> Continuation:
-    return Continuation(**{**v, "suffix": tuple(v["suffix"])})
+    return Continuation(**{**v, "suffix": tuple(v["suffix"]), "margins": tuple(v.get("margins", ()))})
+
+
+def sweep_subsets(n_layers: int) -> list[tuple[tuple[int, ...] | None, str]]:
+    """The layer sweep: each single layer, the first j and the last j layers, and K only / V only."""
+    out: list[tuple[tuple[int, ...] | None, str]] = [((i,), "kv") for i in range(n_layers)]
+    for j in range(1, n_layers):
+        out.append((tuple(range(j)), "kv"))
+        out.append((tuple(range(n_layers - j, n_layers)), "kv"))
+    out += [(None, "k"), (None, "v")]
+    seen, uniq = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            uniq.append(s)
+    return uniq
 
 
 def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
@@ -195,6 +212,7 @@ class Store:
         done = 0
         fixed_prefix: dict[str, tuple[int, ...] | None] = {}
         donors_left = self.cfg.donor_max_units
+        self._sweeps_left = self.cfg.sweep_units
         for dtype in self.cfg.dtypes:
             h = self.handle(dtype)
             if not self.identity:
@@ -258,9 +276,9 @@ class Store:
             ans = extract_answer(decode(list(tr.generated[: tr.boundary]) + list(suffix)), iset.answer_regex)
             return ans, ans is not None and ans == item.answer
 
-        def cont(fp: str, suffix: tuple[int, ...], lfp: str) -> Continuation:
+        def cont(fp: str, suffix: tuple[int, ...], lfp: str, margins: Sequence[float] = ()) -> Continuation:
             ans, ok = label_of(suffix)
-            return Continuation(suffix, fp, lfp, ans, ok)
+            return Continuation(suffix, fp, lfp, ans, ok, tuple(round(m, 6) for m in margins))
 
         def run(construction: str, ids: Sequence[int], path: str, keep: bool = False,
                 last: int = last, budget: int = budget, against: Any = None) -> tuple[Continuation, Any]:
@@ -276,15 +294,16 @@ class Store:
                 ]
             fp = kv.fingerprint(state)
             kept = kv.clone(state) if keep else None
-            suffix, lfp = continue_greedy(dec, state, last, budget)
+            margins: list[float] = []
+            suffix, lfp = continue_greedy(dec, state, last, budget, margins)
             self.cost.minimal_forward_tokens += len(ids) + len(suffix)
-            return cont(fp, suffix, lfp), kept
+            return cont(fp, suffix, lfp, margins), kept
 
         try:
             kv.check_plain_kv(tr.state)
         except UnsupportedCacheError as exc:
             rec.unsupported = str(exc)
-        live = cont(tr.state_fp or "", tr.suffix, tr.logits_fp or "")
+        live = cont(tr.state_fp or "", tr.suffix, tr.logits_fp or "", tr.margins)
         rec.constructions["live"] = live
         # the replica regenerates the whole trajectory: the same construction computed a second time
         dec.path = "live:replica"
@@ -296,6 +315,9 @@ class Store:
             rec.constructions["live:replica"] = Continuation(rep.generated, rep.state_fp or "", "", None, False)
         prefill, prefill_state = run("prefill", head, "prefill", keep=True)
         rec.constructions["prefill"] = prefill
+        if rec.unsupported is None:  # how far the two boundary states are apart, layer by layer
+            rec.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
+                         for c in kv.compare(tr.state, prefill_state)]
         rec.constructions["prefill:replica"], _ = run("prefill", head, "prefill:replica")
         rec.constructions["incremental"], _ = run("incremental", head, "incremental", against=tr.state)
         for c in cfg.chunks:
@@ -316,22 +338,28 @@ class Store:
                     }
 
         if donors and rec.unsupported is None and live.suffix != prefill.suffix:
-            self._transplants(dec, rec, tr.state, prefill_state, last, budget, live, prefill)
+            self._transplants(dec, rec, tr.state, prefill_state, last, budget, live, prefill, self._sweeps_left > 0)
+            self._sweeps_left -= 1
         del tr, prefill_state
         return rec
 
     def _transplants(self, dec: Decoder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int,
-                     budget: int, live: Continuation, prefill: Continuation) -> None:
-        """Donor following, both directions, all layers: the receiver continues from the donor's K/V."""
-        for direction, receiver, donor, target in (
-            ("live_to_prefill", prefill_state, live_state, live),
-            ("prefill_to_live", live_state, prefill_state, prefill),
-        ):
-            dec.path = f"transplant:{direction}"
-            state = self.transplant_fn(receiver, donor, None, "kv")
-            suffix, _ = continue_greedy(dec, state, last, budget)
-            self.cost.minimal_forward_tokens += len(suffix)
-            rec.transplants.append(Transplant(direction, None, "kv", suffix, suffix == target.suffix))
+                     budget: int, live: Continuation, prefill: Continuation, sweep: bool) -> None:
+        """Donor following, both directions: the receiver continues from the donor's K/V (all layers,
+        and on the first divergent items the layer sweep's subsets)."""
+        subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
+        if sweep:
+            subsets += sweep_subsets(len(kv.layer_kv(live_state)))
+        for layers, parts in subsets:
+            for direction, receiver, donor, target in (
+                ("live_to_prefill", prefill_state, live_state, live),
+                ("prefill_to_live", live_state, prefill_state, prefill),
+            ):
+                dec.path = f"transplant:{direction}"
+                state = self.transplant_fn(receiver, donor, layers, parts)
+                suffix, _ = continue_greedy(dec, state, last, budget)
+                self.cost.minimal_forward_tokens += len(suffix)
+                rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target.suffix))
 
     #: the transplant operation; self-tests swap in one that copies nothing to prove the claim can fail
     transplant_fn = staticmethod(kv.transplant)

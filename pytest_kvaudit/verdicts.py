@@ -26,6 +26,7 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "bridge_bitexact": {"min_units": 12},
     "ledger_audit": {"min_units": 1},
     "donor_following": {"min_units": 10, "confidence": 0.95},
+    "layer_sweep": {"min_units": 1},
 }
 
 
@@ -265,6 +266,33 @@ def donor_following(records: list[CellRecord], th: Mapping[str, float]) -> Claim
                        reason, figs, bad)
 
 
+def layer_sweep(records: list[CellRecord], th: Mapping[str, float]) -> ClaimResult:
+    """All layers together are sufficient on every swept unit; the sweep says which subsets also are."""
+    from .analyses import layer_sweep as sweep
+
+    sw = sweep(records, int(th.get("max_units", 1 << 30)))
+    rows = {r["subset"]: r for r in sw["subsets"]}
+    n = len(sw["units"])
+    allkv = rows.get("all:kv")
+    k = 0 if allkv is None else min(allkv["live_to_prefill"][0], allkv["prefill_to_live"][0])
+    minimal = sw["minimal_sufficient"]
+    figs = {"subsets": {r["subset"]: {"live_to_prefill": r["live_to_prefill"], "prefill_to_live": r["prefill_to_live"],
+                                      "follow_rate": r["follow_rate"]} for r in sw["subsets"]},
+            "minimal_sufficient": minimal["subset"] if minimal else None, "units": sw["units"]}
+    iv = wilson_interval(k, n)
+    if n < th["min_units"] or allkv is None:
+        return ClaimResult("layer_sweep", INCONCLUSIVE, n, k, iv, f"{n} swept divergent units, needs {int(th['min_units'])}",
+                           figs)
+    if k < n:
+        return ClaimResult("layer_sweep", FAIL, n, k, iv, f"all-layer transplant not followed on {n - k}/{n} swept units",
+                           figs)
+    partial = sorted((r for r in sw["subsets"] if r["subset"] != "all:kv"), key=lambda r: -r["follow_rate"])
+    best = ", ".join(f"{r['subset']} {r['follow_rate']:.0%}" for r in partial[:3])
+    return ClaimResult("layer_sweep", PASS, n, k, iv,
+                       f"all layers sufficient on {k}/{n}; smallest sufficient subset {minimal['subset'] if minimal else '-'}; "
+                       f"best partial: {best}", figs)
+
+
 #: name -> judge; each takes (records, thresholds, dtypes)
 JUDGES: dict[str, Callable[[list[CellRecord], Mapping[str, float], tuple[str, ...]], ClaimResult]] = {
     "replica_exactness": lambda r, t, d: replica_exactness(r, t),
@@ -272,4 +300,5 @@ JUDGES: dict[str, Callable[[list[CellRecord], Mapping[str, float], tuple[str, ..
     "fixed_prefix_2x2": fixed_prefix_2x2,
     "bridge_bitexact": lambda r, t, d: bridge_bitexact(r, t),
     "donor_following": lambda r, t, d: donor_following(r, t),
+    "layer_sweep": lambda r, t, d: layer_sweep(r, t),
 }

@@ -1,0 +1,112 @@
+"""Beyond the paper: where the divergence lives, which layers carry it, and the construction axes.
+
+Pure functions over store records; their output is the report's ``analyses`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .stats import wilson_interval
+
+
+def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def anatomy(records: Iterable[Any]) -> dict[str, Any]:
+    """Per divergent item: where live and prefill part, the top-2 margins there, and per-layer drift."""
+    rows, drift_acc = [], {}
+    for r in records:
+        if not r.eligible:
+            continue
+        live, pre = r.constructions["live"], r.constructions["prefill"]
+        if r.drift:
+            acc = drift_acc.setdefault(r.dtype, {})
+            for layer, kmax, vmax, krel, vrel in r.drift:
+                a = acc.setdefault(int(layer), [0, 0.0, 0.0, 0.0, 0.0])
+                a[0] += 1
+                a[1] = max(a[1], kmax)
+                a[2] = max(a[2], vmax)
+                a[3] += krel
+                a[4] += vrel
+        j = first_divergence(live.suffix, pre.suffix)
+        if j is None:
+            continue
+        rows.append({
+            "item": r.item_id, "dtype": r.dtype, "first_divergence": j, "suffix_len": len(live.suffix),
+            "token_live": live.suffix[j] if j < len(live.suffix) else None,
+            "token_prefill": pre.suffix[j] if j < len(pre.suffix) else None,
+            "margin_live": live.margins[j] if j < len(live.margins) else None,
+            "margin_prefill": pre.margins[j] if j < len(pre.margins) else None,
+            "label_live": live.label, "label_prefill": pre.label,
+        })
+    drift = {
+        d: [{"layer": layer, "keys_max_abs": a[1], "values_max_abs": a[2], "keys_rel_mean": a[3] / a[0],
+             "values_rel_mean": a[4] / a[0]} for layer, a in sorted(acc.items())]
+        for d, acc in drift_acc.items()
+    }
+    return {"divergent": rows, "drift": drift}
+
+
+def _label(layers: tuple[int, ...] | None, parts: str) -> str:
+    where = "all" if layers is None else ",".join(map(str, layers))
+    return f"{where}:{parts}"
+
+
+def layer_sweep(records: Iterable[Any], max_units: int | None = None) -> dict[str, Any]:
+    """Share of receivers that follow their donor per transplanted layer subset, on the swept units
+    (the first ``max_units`` divergent items in item order), and the smallest subset sufficient on all."""
+    units = [r for r in records if r.eligible and any(t.layers is not None or t.parts != "kv" for t in r.transplants)]
+    if max_units is not None:
+        units = units[:max_units]
+    table: dict[str, dict[str, Any]] = {}
+    for r in units:
+        for t in r.transplants:
+            key = _label(t.layers, t.parts)
+            row = table.setdefault(key, {"layers": None if t.layers is None else list(t.layers), "parts": t.parts,
+                                         "live_to_prefill": [0, 0], "prefill_to_live": [0, 0]})
+            row[t.direction][0] += int(t.followed)
+            row[t.direction][1] += 1
+    rows = []
+    for key, row in table.items():
+        k = row["live_to_prefill"][0] + row["prefill_to_live"][0]
+        n = row["live_to_prefill"][1] + row["prefill_to_live"][1]
+        row.update(subset=key, follow_rate=k / n if n else 0.0, wilson=list(wilson_interval(k, n)),
+                   size=(len(row["layers"]) if row["layers"] is not None else None))
+        rows.append(row)
+    n_layers = max((len(r.drift) for r in units), default=0)
+    sufficient = [r for r in rows if r["follow_rate"] == 1.0 and r["parts"] == "kv"]
+    minimal = min(sufficient, key=lambda r: (r["size"] if r["size"] is not None else n_layers, r["subset"]), default=None)
+    rows.sort(key=lambda r: (r["parts"] != "kv", r["size"] if r["size"] is not None else n_layers + 1, r["subset"]))
+    return {"units": [f"{r.item_id}@{r.dtype}" for r in units], "subsets": rows,
+            "minimal_sufficient": None if minimal is None else {"subset": minimal["subset"], "layers": minimal["layers"]}}
+
+
+def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
+    """One row per (precision, construction): how often its boundary state is bit-identical to the live
+    cache, and how often its suffix equals live's and prefill's."""
+    acc: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        if not r.eligible:
+            continue
+        live, pre = r.constructions["live"], r.constructions["prefill"]
+        for name, c in r.constructions.items():
+            if name.endswith(":replica") or name == "live":
+                continue
+            a = acc.setdefault((r.dtype, name), [0, 0, 0, 0])
+            a[0] += 1
+            a[1] += c.state_fp == live.state_fp
+            a[2] += c.suffix == live.suffix
+            a[3] += c.suffix == pre.suffix
+    return [{"dtype": d, "construction": c, "attn": None, "n": a[0], "state_equals_live": a[1],
+             "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]} for (d, c), a in sorted(acc.items())]
+
+
+def build(records: list[Any], sweep_units: int) -> dict[str, Any]:
+    return {"anatomy": anatomy(records), "layer_sweep": layer_sweep(records, sweep_units),
+            "axes": construction_axes(records)}
