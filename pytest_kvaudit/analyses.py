@@ -103,10 +103,32 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
             a[1] += c.state_fp == live.state_fp
             a[2] += c.suffix == live.suffix
             a[3] += c.suffix == pre.suffix
-    return [{"dtype": d, "construction": c, "attn": None, "n": a[0], "state_equals_live": a[1],
+    rows = [{"dtype": d, "construction": c, "attn": None, "n": a[0], "state_equals_live": a[1],
              "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]} for (d, c), a in sorted(acc.items())]
+    att: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        for name, o in r.axes.items():
+            if o.get("eligible"):
+                a = att.setdefault((r.dtype, name), [0, 0, 0])
+                a[0] += 1
+                a[1] += o["state_equal"]
+                a[2] += o["suffix_equal"]
+    rows += [{"dtype": d, "construction": "prefill", "attn": name, "n": a[0], "state_equals_live": a[1],
+              "suffix_equals_live": a[2], "suffix_equals_prefill": a[0]} for (d, name), a in sorted(att.items())]
+    return rows
+
+
+def batch_invariance(records: Iterable[Any]) -> list[dict[str, Any]]:
+    acc: dict[tuple[str, int], list[int]] = {}
+    for r in records:
+        if r.batch and "state_equal" in r.batch:
+            a = acc.setdefault((r.dtype, r.batch["batch_size"]), [0, 0])
+            a[0] += 1
+            a[1] += r.batch["state_equal"]
+    return [{"dtype": d, "batch_size": b, "n": a[0], "state_equal": a[1], "suffix_equal": None}
+            for (d, b), a in sorted(acc.items())]
 
 
 def build(records: list[Any], sweep_units: int) -> dict[str, Any]:
     return {"anatomy": anatomy(records), "layer_sweep": layer_sweep(records, sweep_units),
-            "axes": construction_axes(records)}
+            "axes": construction_axes(records), "batch_invariance": batch_invariance(records)}

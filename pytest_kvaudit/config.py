@@ -98,6 +98,9 @@ class AuditConfig:
     chunks: tuple[int, ...] = ()
     donor_max_units: int = 64
     sweep_units: int = 8  # divergent items (per shard) that also get the layer sweep
+    attn_axes: tuple[str, ...] = ()  # further attention implementations, compared as axis rows
+    batch_size: int = 4  # batch invariance: the item inside a left-padded batch of this size
+    batch_units: int = 8  # ... for the first this many items of the set (0: off)
     trust_remote_code: bool = False
     allow_pickle: bool = False
     chat_template: bool = False

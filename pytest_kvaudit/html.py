@@ -190,9 +190,9 @@ def render(report: Mapping[str, Any]) -> str:
             rows, "axes"))
     bi = report.get("analyses", {}).get("batch_invariance")
     if bi:
-        rows = [[r["dtype"], r["batch_size"], f"{r['state_equal']}/{r['n']}", f"{r['suffix_equal']}/{r['n']}"] for r in bi]
+        rows = [[r["dtype"], r["batch_size"], f"{r['state_equal']}/{r['n']}"] for r in bi]
         parts.append("<h2 id='batch'>Batch invariance: alone vs inside a left-padded batch</h2>" + _table(
-            ["precision", "batch size", "boundary state bit-identical", "suffix identical"], rows, "batch"))
+            ["precision", "batch size", "boundary state bit-identical to the item alone"], rows, "batch"))
     figs = figures(report)
     if figs:
         parts.append("<h2 id='figures'>Figures</h2>" + "".join(

@@ -51,7 +51,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
     DEVICE: "auto, cpu, cuda or cuda:N (default: auto)",
-    ATTN: "attention implementation, e.g. sdpa or eager (default: the checkpoint's config)",
+    ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
     ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
     N: "use the first N items",
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
@@ -116,7 +116,9 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["n"] = _int(config, N)
         kw["dtypes"] = parse_dtypes(_value(config, DTYPES) or "bf16,fp32")
         kw["device"] = parse_device(_value(config, DEVICE) or "auto")
-        kw["attn"] = _value(config, ATTN)
+        attns = [a.strip() for a in (_value(config, ATTN) or "").split(",") if a.strip()]
+        kw["attn"] = attns[0] if attns else None
+        kw["attn_axes"] = tuple(attns[1:])
         if (b := _value(config, BOUNDARY)) is not None:
             BoundaryRule.parse(b)
             kw["boundary"] = b

@@ -55,6 +55,8 @@ class CellRecord:
     bridge_mismatch: list[str] = field(default_factory=list)
     #: per layer [layer, K max-abs, V max-abs, K relative, V relative] between live and prefill states
     drift: list[list[float]] = field(default_factory=list)
+    axes: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention implementation -> outcome
+    batch: dict[str, Any] = field(default_factory=dict)  # batch invariance outcome
     unsupported: str | None = None  # why K/V operations do not apply to this model
     error: str | None = None  # an error on this item alone (out of memory), the run went on
 
@@ -131,6 +133,7 @@ class Store:
         self.computed = False
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self._handles: dict[str, ModelHandle] = {}
+        self._index = {it.id: i for i, it in enumerate(item_set.items)}
 
     @classmethod
     def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, **kw: Any) -> Store:
@@ -180,15 +183,15 @@ class Store:
 
         return _M
 
-    def handle(self, dtype: str) -> ModelHandle:
-        """The model at ``dtype`` (loaded on first use; one precision in memory at a time)."""
-        if dtype not in self._handles:
-            for other in list(self._handles):
-                del self._handles[other]
-            gc.collect()
+    def handle(self, dtype: str, attn: str | None = None) -> ModelHandle:
+        """The model at ``dtype`` (and attention ``attn``, default the run's); one in memory at a time."""
+        key = f"{dtype}/{attn or self.cfg.attn}"
+        if key not in self._handles:
+            self._handles.clear()
+            _free_device_memory()
             c = self.cfg
-            self._handles[dtype] = open_model(c.model, dtype, c.device, c.attn, c.trust_remote_code, c.allow_pickle)
-        return self._handles[dtype]
+            self._handles[key] = open_model(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle)
+        return self._handles[key]
 
     # -- computing -----------------------------------------------------------------------------
     def prompt_ids(self, item: Item, h: ModelHandle) -> tuple[int, ...]:
@@ -230,6 +233,9 @@ class Store:
                 done += 1
                 if progress is not None:
                     progress(done, total, self.cost.forward_tokens, time.perf_counter() - t0)
+            self._batch_invariance(dec, h, dtype)
+            for attn in self.cfg.attn_axes:
+                self._attention_axis(dtype, attn)
         self._handles.clear()
         gc.collect()
         self.cost.seconds = round(time.perf_counter() - t0, 3)
@@ -363,6 +369,64 @@ class Store:
 
     #: the transplant operation; self-tests swap in one that copies nothing to prove the claim can fail
     transplant_fn = staticmethod(kv.transplant)
+
+    def _attention_axis(self, dtype: str, attn: str) -> None:
+        """Another attention implementation on the same items: is its live cache the same as its prefill?"""
+        h = self.handle(dtype, attn)
+        dec = Decoder(h.model, h.eos_ids, self.cost, type(self).logits_hook, type(self).state_hook)
+        for item in self.items:
+            rec = self.records[(item.id, dtype)]
+            if not rec.eligible or rec.unsupported:
+                continue
+            rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
+            dec.path = f"axis:{attn}:live"
+            tr = trajectory(dec, rec.prompt_ids, self.item_set.max_new_tokens, rule,
+                            lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False))
+            self.cost.minimal_forward_tokens += len(rec.prompt_ids) + max(0, len(tr.generated) - 1)
+            if tr.reason is not None:
+                rec.axes[attn] = {"eligible": False, "reason": tr.reason}
+                continue
+            # this implementation's own trajectory fixes its prefix: live vs prefill under ``attn``
+            head = list(tr.prefix[:-1])
+            dec.path = f"axis:{attn}:prefill"
+            state = dec.build_state(head, [len(head)])
+            fp = kv.fingerprint(state)
+            suffix, _ = continue_greedy(dec, state, tr.prefix[-1], self.item_set.max_new_tokens - (tr.boundary or 0))
+            self.cost.minimal_forward_tokens += len(head) + len(suffix)
+            rec.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp, "suffix_equal": suffix == tr.suffix,
+                              "same_trajectory_as_primary": tr.generated == rec.generated}
+
+    def _batch_invariance(self, dec: Decoder, h: ModelHandle, dtype: str) -> None:
+        """The item's boundary state computed alone vs as one row of a left-padded batch of others."""
+        import torch
+
+        b = self.cfg.batch_size
+        for item in self.items:
+            rec = self.records[(item.id, dtype)]
+            if self._index[item.id] >= self.cfg.batch_units or not rec.eligible or rec.unsupported or b < 2:
+                continue
+            head = list(rec.prefix[:-1])
+            others = [self.item_set.items[(self._index[item.id] + j) % len(self.item_set.items)] for j in range(1, b)]
+            rows = [head] + [list(self.prompt_ids(o, h)) for o in others]
+            width = max(len(r) for r in rows)
+            pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
+            ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dec.device)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = dec.fresh()
+            try:
+                with torch.no_grad():
+                    h.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                            **{kv.cache_kwarg(h.model): cache})
+                dec.cost.forward_calls += 1
+                dec.cost.forward_tokens += int(ids.numel())
+                self.cost.minimal_forward_tokens += int(ids.numel())
+                off = width - len(head)
+                mine = [t[0:1, :, off:, :] for k_v in kv.layer_kv(cache) for t in k_v]
+                same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp
+                rec.batch = {"batch_size": b, "state_equal": same}
+            except (RuntimeError, ValueError, IndexError) as exc:  # a cache layout without a batch of rows
+                rec.batch = {"batch_size": b, "error": str(exc).splitlines()[0][:200]}
 
     # -- plain data for xdist and the ledger ----------------------------------------------------
     def export(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
         "Store.state_hook = last_layer\n"
     ))
     rep, page = pytester.path / "r.json", pytester.path / "r.html"
-    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "--kvaudit-chunks=3",
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "--kvaudit-chunks=3", "--kvaudit-attn=sdpa,eager",
                                         f"--kvaudit-report={rep}", f"--kvaudit-html={page}", "-p", "no:cacheprovider")
     data = json.loads(rep.read_text())
     a = data["analyses"]
@@ -52,12 +52,16 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
     assert ("bf16", "chunked(3)") in constructions and ("fp32", "incremental") in constructions
     inc = next(r for r in a["axes"] if r["construction"] == "incremental")
     assert inc["state_equals_live"] == inc["n"] == 8
+    eager = [r for r in a["axes"] if r["attn"] == "eager"]
+    assert {r["dtype"] for r in eager} == {"bf16", "fp32"} and all(r["n"] == 8 for r in eager)
+    bi = {r["dtype"]: r for r in a["batch_invariance"]}
+    assert set(bi) == {"bf16", "fp32"} and bi["fp32"]["n"] == 8 and bi["fp32"]["batch_size"] == 4
     html = page.read_text()
     for name in data["claims"]:
         assert f"<code>{name}</code>" in html
     for r in div:
         assert f"<td>{r['item']}</td><td>{r['dtype']}</td><td>{r['first_divergence']}</td>" in html
     assert len(re.findall(r"<img alt='[^']+' src='data:image/png;base64,", html)) == 4
-    for section in ("matched", "2x2", "transplant", "anatomy", "sweep", "axes"):
+    for section in ("matched", "2x2", "transplant", "anatomy", "sweep", "axes", "batch"):
         assert f"class=\"{section}\"" in html
     res.stdout.fnmatch_lines(["*layer_sweep*PASS*"])
