@@ -95,7 +95,43 @@ def fingerprint_tensors(tensors: Iterable[Any], tag: bytes = b"") -> str:
     return h.hexdigest()
 
 
+def state_tensors(cache: Any) -> list[Any]:
+    """Every tensor a cache holds, layer by layer in attribute-name order: the whole decoder state,
+    also for layers that carry more than K/V (convolution or recurrent states)."""
+    import torch
+
+    out: list[Any] = []
+
+    def walk(val: Any) -> None:
+        if isinstance(val, torch.Tensor):
+            out.append(val)
+        elif isinstance(val, dict):
+            for k in sorted(val, key=str):
+                walk(val[k])
+        elif isinstance(val, (list, tuple)):
+            for v in val:
+                walk(v)
+
+    for layer in _layers(cache):
+        for _, val in sorted(vars(layer).items()):
+            walk(val)
+    return out
+
+
+def is_plain_kv(cache: Any) -> bool:
+    try:
+        check_plain_kv(cache)
+        layer_kv(cache)
+    except UnsupportedCacheError:
+        return False
+    return True
+
+
 def fingerprint(cache: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> str:
+    """Digest of the K/V bytes (all layers, or ``layers``; K and/or V); for a cache that holds more
+    than K/V, of every tensor it holds."""
+    if layers is None and parts == "kv" and not is_plain_kv(cache):
+        return fingerprint_tensors(state_tensors(cache), tag=b"state")
     kv = layer_kv(cache)
     idx = range(len(kv)) if layers is None else layers
     ts = []

@@ -23,6 +23,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", {}),
     "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 16, "query_pre_attn_scalar": 16}),
     "gpt2": ("GPT2Config", {}),
+    "lfm2": ("Lfm2Config", {"layer_types": ["conv", "full_attention"]}),  # hybrid: conv state beyond K/V
+    "mamba": ("MambaConfig", {"state_size": 4}),  # recurrent: no K/V at all
     "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                      "shared_expert_intermediate_size": 32}),
 }
@@ -78,6 +80,8 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers:
                               "bos_token_id": v["<eos>"]}
     if arch == "gpt2":
         kw = {"n_embd": hidden, "n_layer": layers, "n_head": 4, "n_positions": 128}
+    elif arch == "mamba":
+        kw = {"hidden_size": hidden, "num_hidden_layers": layers}
     else:
         kw = {"hidden_size": hidden, "intermediate_size": hidden * 2, "num_hidden_layers": layers,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
