@@ -20,7 +20,8 @@ def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 
 def anatomy(records: Iterable[Any]) -> dict[str, Any]:
     """Per divergent item: where live and prefill part, the top-2 margins there, and per-layer drift."""
-    rows, drift_acc = [], {}
+    rows: list[dict[str, Any]] = []
+    drift_acc: dict[str, dict[int, list[float]]] = {}
     for r in records:
         if not r.eligible:
             continue

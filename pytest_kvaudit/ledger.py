@@ -112,7 +112,7 @@ def parse(text: str, where: str) -> dict[str, Any]:
 def identity_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tokens_only: bool) -> list[str]:
     """What makes ``recorded`` another model's or another environment's ledger, one phrase each."""
     out = []
-    blocks = [("model", MODEL_FIELDS), ("config", CONFIG_FIELDS)]
+    blocks: list[tuple[str, tuple[str, ...]]] = [("model", MODEL_FIELDS), ("config", CONFIG_FIELDS)]
     if not tokens_only:
         blocks.append(("environment", ENV_FIELDS))
     for block, fields in blocks:

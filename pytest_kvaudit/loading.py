@@ -249,7 +249,7 @@ def load_model(
     except OSError as exc:
         raise KvauditError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
     if not device_map:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
     return model

@@ -7,7 +7,6 @@ the ``kvaudit_store`` fixture the first time a claim needs it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,9 +178,9 @@ class KvauditSession:
         return self.store
 
     def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
-        from .store import Store
-
         import torch
+
+        from .store import Store
 
         # One CPU thread per process by default: thread count changes the bits of CPU matmuls, and
         # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
@@ -265,9 +264,8 @@ class KvauditSession:
         self.claims[result.name] = result
         node.user_properties.append(("kvaudit_claim", json.dumps(result.to_dict(), default=list)))
         if self.store is not None and not self.run_info:
-            from .report import items_block
-
             from .analyses import build as analyses
+            from .report import items_block
 
             s = self.store
             self.run_info = {
@@ -288,11 +286,11 @@ class KvauditSession:
             return
         from .verdicts import ClaimResult
 
-        d = json.loads(props["kvaudit_claim"])
+        d = json.loads(str(props["kvaudit_claim"]))
         d["interval"] = tuple(d["interval"])
         self.claims[d["name"]] = ClaimResult(**d)
         if "kvaudit_run" in props and not self.run_info:
-            self.run_info = json.loads(props["kvaudit_run"])
+            self.run_info = json.loads(str(props["kvaudit_run"]))
 
 
 class _null:

@@ -132,6 +132,15 @@ def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
     m = report["model"]
     it = report["items"]
     out.append(f"model {m.get('id')} ({m.get('architecture')}, {m.get('num_layers')} layers, {m.get('weights_digest', '')[:19]})")
+    e = report.get("environment", {})
+    if e:  # the switches that decide bit-exactness, so a failed replica claim comes with where to look
+        onoff = {True: "on", False: "off", None: "-"}
+        out.append(
+            f"environment torch {e.get('torch')}, transformers {e.get('transformers')}, device {e.get('device')} "
+            f"({e.get('device_name')}, {e.get('cpu_capability')}), attn {e.get('attn_implementation')}, "
+            f"threads {e.get('num_threads')}, deterministic {onoff.get(e.get('deterministic_algorithms'), '-')}, "
+            f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace {e.get('cublas_workspace_config') or '-'}"
+        )
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
     out.append(f"{'claim':<22} {'verdict':<13} {'k/n':>9}  {'95% interval':<17} figure")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import gc
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import cache as kv
@@ -224,6 +224,7 @@ class Store:
                     self.identity["id"] = "embedded"
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
             self.environment.setdefault("dtypes", []).append(dtype)
+            self._check_markers(h)
             dec = Decoder(h.model, h.eos_ids, self.cost, type(self).logits_hook, type(self).state_hook)
             for item in self.items:
                 rec = self._cell(dec, h, item, dtype, fixed_prefix, donors_left > 0)
@@ -346,8 +347,7 @@ class Store:
         if donors and rec.unsupported is None and live.suffix != prefill.suffix:
             self._transplants(dec, rec, tr.state, prefill_state, last, budget, live, prefill, self._sweeps_left > 0)
             self._sweeps_left -= 1
-        del tr, prefill_state
-        return rec
+        return rec  # the boundary caches go with this frame: only fingerprints and suffixes stay
 
     def _transplants(self, dec: Decoder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int,
                      budget: int, live: Continuation, prefill: Continuation, sweep: bool) -> None:
@@ -369,6 +369,21 @@ class Store:
 
     #: the transplant operation; self-tests swap in one that copies nothing to prove the claim can fail
     transplant_fn = staticmethod(kv.transplant)
+
+    def _check_markers(self, h: ModelHandle) -> None:
+        """A boundary marker the tokenizer cannot even spell would make every item silently ineligible."""
+        rules = {item.boundary or self.item_set.boundary for item in self.items}
+        for text in sorted(rules):
+            rule = BoundaryRule.parse(text)
+            if rule.marker is None:
+                continue
+            ids = h.tokenizer(rule.marker, add_special_tokens=False)["input_ids"]
+            back = h.tokenizer.decode(ids, skip_special_tokens=False)
+            if rule.marker not in back:
+                raise KvauditError(
+                    f"boundary marker {rule.marker!r} cannot be produced by the tokenizer of {self.cfg.model} "
+                    f"(it decodes back as {back!r}): pass --kvaudit-boundary with a marker it can spell, or tokens:K"
+                )
 
     def _attention_axis(self, dtype: str, attn: str) -> None:
         """Another attention implementation on the same items: is its live cache the same as its prefill?"""

@@ -70,7 +70,9 @@ def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float |
     """Wait for every shard; returns {"exports": [...], "dead": [index...], "error": message or None}."""
     start = time.monotonic()
     while True:
-        done, dead, error = {}, [], None
+        done: dict[int, Path | None] = {}
+        dead: list[int] = []
+        error: str | None = None
         for i in range(count):
             if (folder / f"shard-{i}.json").exists():
                 done[i] = folder / f"shard-{i}.json"

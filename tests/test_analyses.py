@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from test_plugin import BREAK, LOW_BARS
-
 from pytest_kvaudit.analyses import first_divergence
+from test_plugin import BREAK, LOW_BARS
 
 
 def test_first_divergence() -> None:

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from test_plugin import LOW_BARS
-
 from pytest_kvaudit.testing import ARCHITECTURES, tiny_checkpoint
+from test_plugin import LOW_BARS
 
 PLAIN = ["llama", "mistral", "gemma2", "phi3", "gpt2", "qwen3", "qwen2_moe"]
 STATEFUL = ["lfm2", "mamba"]

@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import REPO
 from pytest_kvaudit.errors import KvauditError
@@ -168,7 +170,6 @@ def test_broken_ledgers_are_one_line_errors(text: str) -> None:
     assert "snapshots/x/l.json" in str(exc.value) and "\n" not in str(exc.value)
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)

@@ -104,3 +104,32 @@ def test_cuda_requested_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KvauditError, match="sees no CUDA device"):
         resolve_device("cuda:0")
     assert resolve_device("auto") in ("cpu", "mps")
+
+
+def test_a_gpu_without_bf16_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_kvaudit.loading import check_dtype_supported
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
+    with pytest.raises(KvauditError, match=r"^Tesla V100 does not support bf16: use --kvaudit-dtypes=fp16,fp32$"):
+        check_dtype_supported("bf16", "cuda:0")
+
+
+def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_kvaudit.loading import check_dtype_supported
+
+    real_ones = torch.ones
+
+    def ones(*a: object, **k: object) -> object:
+        if k.get("dtype") is torch.float16:
+            raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
+        return real_ones(*a, **k)
+
+    monkeypatch.setattr(torch, "ones", ones)
+    with pytest.raises(KvauditError, match=r"device cpu cannot run fp16 matmuls .*drop it from --kvaudit-dtypes"):
+        check_dtype_supported("fp16", "cpu")
+    check_dtype_supported("fp32", "cpu")

@@ -219,3 +219,33 @@ def test_a_crashed_worker_never_turns_into_a_pass(pytester: pytest.Pytester, tin
     assert "pass" not in statuses(data).values()
     assert data["items"]["ineligible"].get("missing") == 4
     res.stdout.fnmatch_lines(["*items missing (a worker died)*"])
+
+
+def test_a_marker_the_tokenizer_cannot_spell_is_one_line(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester)
+    res, _ = run(pytester, tiny_llama, "--kvaudit-boundary=</think>", "test_replica_exactness.py")
+    res.assert_outcomes(errors=1)
+    res.stdout.fnmatch_lines(["*boundary marker '</think>' cannot be produced by the tokenizer of *: pass --kvaudit-boundary*"])
+
+
+def test_out_of_memory_on_one_item_is_reported_and_the_run_goes_on(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    oom = (
+        "from pytest_kvaudit.store import Store\n"
+        "_inner = Store._cell_inner\n"
+        "def cell(self, dec, h, item, *a):\n"
+        "    if item.id == 't02':\n"
+        "        raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "    return _inner(self, dec, h, item, *a)\n"
+        "Store._cell_inner = cell\n"
+    )
+    setup_suite(pytester, oom)
+    res, data = run(pytester, tiny_llama, "test_replica_exactness.py", "test_bridge_bitexact.py")
+    res.assert_outcomes(passed=2)
+    assert data["items"]["ineligible"] == {"error": 1} and data["items"]["eligible"] == 7
+    assert data["claims"]["replica_exactness"]["n"] == 7 * 2 * 2
+
+
+def test_report_header_names_model_precisions_device_and_seed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    res = pytester.runpytest_subprocess("--kvaudit-dtypes=fp32", "--kvaudit-seed=7")
+    res.stdout.fnmatch_lines(["kvaudit: model=*embedded dtypes=fp32 device=auto attn=checkpoint default seed=7"])
