@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The transformers versions kvaudit supports, oldest and newest of the declared range, each in a fresh
+# venv with the CPU torch, running the core self-tests (cache adapter properties, the plugin end to end,
+# the ledger). Usage: bash scripts/matrix.sh [VERSION ...]   (default: the range's ends)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=("4.57.*" "5.*")
+for v in "${versions[@]}"; do
+  env_dir=".matrix/transformers-${v//[*]/x}"
+  python3 -m venv "$env_dir"
+  "$env_dir/bin/pip" install -q torch==2.13.0 "transformers==$v" -e '.[dev]'
+  echo "== transformers $("$env_dir/bin/python" -c 'import transformers; print(transformers.__version__)')"
+  "$env_dir/bin/pytest" -q -p no:cacheprovider tests/test_cache_properties.py tests/test_plugin.py -k "not xdist and not crashed" -x
+done
