@@ -8,7 +8,6 @@ decode step, so two constructions differ only in the cache they hand over.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -140,7 +139,7 @@ def _pick(logits: Any) -> tuple[int, float]:
 
 class _LogitsDigest:
     def __init__(self) -> None:
-        self.h = hashlib.blake2b(b"logits", digest_size=16)
+        self.h = kv.digest(b"logits")
 
     def add(self, logits: Any) -> None:
         self.h.update(kv.tensor_bytes(logits))

@@ -8,7 +8,6 @@ stores and reads these documents.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cache import digest, fingerprint_ids
 from .errors import KvauditError
 
 LEDGER_VERSION = 1
@@ -54,7 +54,7 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
     """One (item, precision) record as ledger data (all-layer transplants only: the layer sweep is
     descriptive and its units depend on the shard plan)."""
     u: dict[str, Any] = {
-        "prompt_ids_digest": hashlib.blake2b(ids(r.prompt_ids).encode(), digest_size=16).hexdigest(),
+        "prompt_ids_digest": fingerprint_ids(r.prompt_ids),
         "generated": ids(r.generated),
         "boundary": r.boundary,
         "reason": r.reason or r.error,
@@ -62,9 +62,9 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
     if r.constructions:
         u["constructions"] = {k: _cont(c) for k, c in sorted(r.constructions.items())}
         live, pre = r.constructions["live"], r.constructions["prefill"]
-        u["comparison_fp"] = hashlib.blake2b(
-            f"{live.state_fp}|{pre.state_fp}|{live.logits_fp}|{pre.logits_fp}".encode(), digest_size=16
-        ).hexdigest()
+        h = digest(b"comparison")
+        h.update(f"{live.state_fp}|{pre.state_fp}|{live.logits_fp}|{pre.logits_fp}".encode())
+        u["comparison_fp"] = h.hexdigest()
     if r.fixed:
         u["fixed"] = {k: _cont(c) for k, c in sorted(r.fixed.items())}
     whole = [t for t in r.transplants if t.layers is None and t.parts == "kv"]
