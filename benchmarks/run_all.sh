@@ -16,7 +16,7 @@ fi
 OUT_DIR="${OUT_DIR:-}"
 start=$(date +%s)
 summary=()
-for b in work_efficiency decode_overhead fingerprint_speed growth; do
+for b in work_efficiency decode_overhead fingerprint_speed growth xdist_speedup; do
   echo "=================== $b ==================="
   args=(--device cpu)
   if [ -n "$OUT_DIR" ]; then args+=(--out "$OUT_DIR/$b.json"); fi

@@ -45,6 +45,8 @@ def anatomy(records: Iterable[Any]) -> dict[str, Any]:
             "margin_live": live.margins[j] if j < len(live.margins) else None,
             "margin_prefill": pre.margins[j] if j < len(pre.margins) else None,
             "label_live": live.label, "label_prefill": pre.label,
+            "text_live": r.divergence_text[0] if r.divergence_text else None,
+            "text_prefill": r.divergence_text[1] if r.divergence_text else None,
         })
     drift = {
         d: [{"layer": layer, "keys_max_abs": a[1], "values_max_abs": a[2], "keys_rel_mean": a[3] / a[0],

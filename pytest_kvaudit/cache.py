@@ -174,10 +174,11 @@ def _diff(a: Any, b: Any) -> tuple[bool, float, float]:
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return False, float("inf"), float("inf")
+    b = b.to(a.device)  # layers of a device-mapped model live on different devices
     eq = bool(torch.equal(a, b))
     if eq:
         return True, 0.0, 0.0
-    d = (a.float() - b.to(a.device).float()).abs()
+    d = (a.float() - b.float()).abs()
     mx = float(d.max())
     scale = float(b.float().abs().max()) or 1.0
     return False, mx, mx / scale

@@ -132,10 +132,11 @@ def render(report: Mapping[str, Any]) -> str:
     for name in sorted(claims, key=lambda n: (CLAIM_ORDER.index(n) if n in CLAIM_ORDER else 99, n)):
         c = claims[name]
         cr = ClaimResult(**{**c, "interval": tuple(c["interval"])})
+        fig = key_figure(cr)
+        why = f"<br><small>{_e(c['reason'])}</small>" if c["status"] != "pass" and c["reason"] != fig else ""
         rows.append([f"<code>{_e(name)}</code>", f'<span class="{_e(c["status"])}">{_e(c["status"].upper())}</span>',
-                     f"{c['k']}/{c['n']}", f"[{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]", _e(key_figure(cr)),
-                     _e(c["reason"])])
-    parts.append("<h2 id='claims'>Claims</h2>" + _table(["claim", "verdict", "k/n", "95% interval", "figure", "reason"],
+                     f"{c['k']}/{c['n']}", f"[{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]", _e(fig) + why])
+    parts.append("<h2 id='claims'>Claims</h2>" + _table(["claim", "verdict", "k/n", "95% interval", "figure"],
                                                          rows, "claims"))
     mc = claims.get("matched_construction", {}).get("figures", {})
     if mc.get("divergent_suffixes"):
@@ -166,7 +167,9 @@ def render(report: Mapping[str, Any]) -> str:
             ["direction", "receivers following donor", "Wilson lower bound"], rows, "transplant"))
     an = report.get("analyses", {}).get("anatomy", {})
     if an:
-        rows = [[_e(r["item"]), r["dtype"], r["first_divergence"], r["suffix_len"], _e(r["token_live"]), _e(r["token_prefill"]),
+        rows = [[_e(r["item"]), r["dtype"], r["first_divergence"], r["suffix_len"],
+                 _e(r["token_live"]) + (f" <code>{_e(r['text_live'])}</code>" if r.get("text_live") is not None else ""),
+                 _e(r["token_prefill"]) + (f" <code>{_e(r['text_prefill'])}</code>" if r.get("text_prefill") is not None else ""),
                  "-" if r["margin_live"] is None else f"{r['margin_live']:.4g}",
                  "-" if r["margin_prefill"] is None else f"{r['margin_prefill']:.4g}", r["label_live"], r["label_prefill"]]
                 for r in an.get("divergent", [])]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
 DEVICE = "--kvaudit-device"
+DEVICE_MAP = "--kvaudit-device-map"
 ATTN = "--kvaudit-attn"
 ITEMS = "--kvaudit-items"
 N = "--kvaudit-n"
@@ -49,7 +50,8 @@ THRESHOLDS_INI = "kvaudit_thresholds"
 _VALUE_OPTIONS: dict[str, str] = {
     MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
-    DEVICE: "auto, cpu, cuda or cuda:N (default: auto)",
+    DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
+    DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
     ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
     ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
     N: "use the first N items",
@@ -115,6 +117,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["n"] = _int(config, N)
         kw["dtypes"] = parse_dtypes(_value(config, DTYPES) or "bf16,fp32")
         kw["device"] = parse_device(_value(config, DEVICE) or "auto")
+        kw["device_map"] = _value(config, DEVICE_MAP)
         attns = [a.strip() for a in (_value(config, ATTN) or "").split(",") if a.strip()]
         kw["attn"] = attns[0] if attns else None
         kw["attn_axes"] = tuple(attns[1:])
@@ -185,7 +188,11 @@ class KvauditSession:
         # One CPU thread per process by default: thread count changes the bits of CPU matmuls, and
         # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
         torch.set_num_threads(self.config.threads or 1)
-        return Store.open(self.config, shard_index, shard_count)
+        cfg = self.config
+        if self.shard is not None and cfg.device == "auto" and cfg.device_map is None and torch.cuda.is_available():
+            # one GPU per worker: worker i takes GPU i mod the number of GPUs
+            cfg = cfg.replace(device=f"cuda:{max(0, self.shard[0]) % torch.cuda.device_count()}")
+        return Store.open(cfg, shard_index, shard_count)
 
     def _compute(self) -> Store:
         store = self._open()

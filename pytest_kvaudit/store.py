@@ -56,6 +56,8 @@ class CellRecord:
     #: per layer [layer, K max-abs, V max-abs, K relative, V relative] between live and prefill states
     drift: list[list[float]] = field(default_factory=list)
     axes: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention implementation -> outcome
+    #: the decoded tokens where live and prefill first part, for people reading the anatomy
+    divergence_text: list[str] = field(default_factory=list)
     batch: dict[str, Any] = field(default_factory=dict)  # batch invariance outcome
     unsupported: str | None = None  # why K/V operations do not apply to this model
     error: str | None = None  # an error on this item alone (out of memory), the run went on
@@ -190,7 +192,8 @@ class Store:
             self._handles.clear()
             _free_device_memory()
             c = self.cfg
-            self._handles[key] = open_model(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle)
+            self._handles[key] = open_model(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle,
+                                            c.device_map)
         return self._handles[key]
 
     # -- computing -----------------------------------------------------------------------------
@@ -344,6 +347,10 @@ class Store:
                         "prefill": run("prefill", fp_ids[:-1], "fixed:prefill", last=fp_ids[-1], budget=fb)[0],
                     }
 
+        if live.suffix != prefill.suffix:
+            j = next((i for i, (a, b) in enumerate(zip(live.suffix, prefill.suffix)) if a != b), None)
+            if j is not None:
+                rec.divergence_text = [decode([live.suffix[j]]), decode([prefill.suffix[j]])]
         if donors and rec.unsupported is None and live.suffix != prefill.suffix:
             self._transplants(dec, rec, tr.state, prefill_state, last, budget, live, prefill, self._sweeps_left > 0)
             self._sweeps_left -= 1

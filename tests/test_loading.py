@@ -133,3 +133,21 @@ def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.Monkey
     with pytest.raises(KvauditError, match=r"device cpu cannot run fp16 matmuls .*drop it from --kvaudit-dtypes"):
         check_dtype_supported("fp16", "cpu")
     check_dtype_supported("fp32", "cpu")
+
+
+def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import torch
+
+    from pytest_kvaudit.config import AuditConfig
+    from pytest_kvaudit.plugin import KvauditSession
+    from pytest_kvaudit.store import Store
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, i=0, n=1: seen.append((cfg.device, i, n))))
+    for index in range(3):
+        sess = KvauditSession(AuditConfig(), None, {}, None, shard=(index, 3, tmp_path))  # type: ignore[arg-type]
+        sess._open(index, 3)
+    assert seen == [("cuda:0", 0, 3), ("cuda:1", 1, 3), ("cuda:0", 2, 3)]
+    torch.set_num_threads(1)

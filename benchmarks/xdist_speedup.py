@@ -1,0 +1,54 @@
+"""Wall-time speed-up of ``pytest suites -n 2`` over ``-n 0`` on the embedded checkpoint, in one run,
+and the check that both give byte-identical claim figures in the JSON report.
+
+    python benchmarks/xdist_speedup.py --n 60          # about 2 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(workers: int, n: int, out: Path, device: str) -> float:
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "suites"), "-q", "-p", "no:cacheprovider", "-n", str(workers),
+           f"--kvaudit-n={n}", f"--kvaudit-report={out}", f"--kvaudit-device={device}",
+           "--deselect", "suites/test_ledger_audit.py"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, check=False, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=60, help="items of the embedded set")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        r0, r2 = Path(d) / "n0.json", Path(d) / "n2.json"
+        t0 = run(0, args.n, r0, args.device)
+        t2 = run(2, args.n, r2, args.device)
+        a, b = json.loads(r0.read_text()), json.loads(r2.read_text())
+    same = json.dumps(a["claims"], sort_keys=True) == json.dumps(b["claims"], sort_keys=True)
+    print(f"pytest suites on the embedded checkpoint, {args.n} items x bf16,fp32, 1 torch thread per process")
+    print(f"{'mode':<8} {'wall s':>8} {'speed-up':>9}")
+    print(f"{'-n 0':<8} {t0:8.1f} {1.0:9.2f}")
+    print(f"{'-n 2':<8} {t2:8.1f} {t0 / t2:9.2f}")
+    print(f"claim figures byte-identical across modes: {'yes' if same else 'NO'}")
+    if args.out:
+        args.out.write_text(json.dumps({"n": args.n, "wall_n0": t0, "wall_n2": t2, "speedup": t0 / t2,
+                                        "identical_claims": same}, indent=2))
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
