@@ -215,8 +215,6 @@ class KvauditSession:
             write_shard_error(folder, index, str(exc))
 
     def _merge_shards(self) -> Store:
-        from .items import load_item_set
-        from .loading import resolve_checkpoint
         from .store import Store
         from .xdist_glue import collect_shards
 
@@ -225,11 +223,7 @@ class KvauditSession:
         got = collect_shards(folder, count)
         if got["error"]:
             raise KvauditError(got["error"])
-        cfg = self.config
-        local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)
-        if not cfg.items and (local / "items.jsonl").is_file():
-            cfg = cfg.replace(items=str(local / "items.jsonl"))
-        item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+        cfg, item_set = Store.resolve(self.config)
         return Store.merged(cfg, item_set, got["exports"])
 
     @pytest.hookimpl(wrapper=True)

@@ -137,13 +137,18 @@ class Store:
         self._handles: dict[str, ModelHandle] = {}
         self._index = {it.id: i for i, it in enumerate(item_set.items)}
 
-    @classmethod
-    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, **kw: Any) -> Store:
+    @staticmethod
+    def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
+        """The config with its item file resolved (the checkpoint's own by default), and the item set."""
         local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
         if not cfg.items and (local / "items.jsonl").is_file():
             cfg = cfg.replace(items=str(local / "items.jsonl"))
-        item_set = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
-        return cls(cfg, item_set, shard_index, shard_count, **kw)
+        return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+
+    @classmethod
+    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1) -> Store:
+        cfg, item_set = cls.resolve(cfg)
+        return cls(cfg, item_set, shard_index, shard_count)
 
     @classmethod
     def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
