@@ -101,6 +101,7 @@ class AuditConfig:
     attn_axes: tuple[str, ...] = ()  # further attention implementations, compared as axis rows
     batch_size: int = 4  # batch invariance: the item inside a left-padded batch of this size
     batch_units: int = 8  # ... for the first this many items of the set (0: off)
+    tf32: bool | None = None  # None: leave torch's TF32 switches as they are
     device_map: str | None = None  # e.g. "auto": spread a checkpoint bigger than one GPU (accelerate)
     trust_remote_code: bool = False
     allow_pickle: bool = False

@@ -26,6 +26,7 @@ MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
 DEVICE = "--kvaudit-device"
 DEVICE_MAP = "--kvaudit-device-map"
+TF32 = "--kvaudit-tf32"
 ATTN = "--kvaudit-attn"
 ITEMS = "--kvaudit-items"
 N = "--kvaudit-n"
@@ -51,6 +52,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
     DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
+    TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
     DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
     ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
     ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
@@ -118,6 +120,10 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["dtypes"] = parse_dtypes(_value(config, DTYPES) or "bf16,fp32")
         kw["device"] = parse_device(_value(config, DEVICE) or "auto")
         kw["device_map"] = _value(config, DEVICE_MAP)
+        tf32 = _value(config, TF32)
+        if tf32 is not None and tf32 not in ("on", "off"):
+            raise KvauditError(f"{TF32}={tf32!r}: use on or off")
+        kw["tf32"] = None if tf32 is None else tf32 == "on"
         attns = [a.strip() for a in (_value(config, ATTN) or "").split(",") if a.strip()]
         kw["attn"] = attns[0] if attns else None
         kw["attn_axes"] = tuple(attns[1:])
@@ -189,6 +195,9 @@ class KvauditSession:
         # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
         torch.set_num_threads(self.config.threads or 1)
         cfg = self.config
+        if cfg.tf32 is not None:  # recorded in the environment block, so ledgers of the two settings differ
+            torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+            torch.backends.cudnn.allow_tf32 = cfg.tf32
         if self.shard is not None and cfg.device == "auto" and cfg.device_map is None and torch.cuda.is_available():
             # one GPU per worker: worker i takes GPU i mod the number of GPUs
             cfg = cfg.replace(device=f"cuda:{max(0, self.shard[0]) % torch.cuda.device_count()}")

@@ -252,3 +252,11 @@ def test_report_header_names_model_precisions_device_and_seed(pytester: pytest.P
     pytester.makepyfile("def test_x(): pass")
     res = pytester.runpytest_subprocess("--kvaudit-dtypes=fp32", "--kvaudit-seed=7")
     res.stdout.fnmatch_lines(["kvaudit: model=*embedded dtypes=fp32 device=auto attn=checkpoint default seed=7"])
+
+
+def test_tf32_switch_is_applied_and_recorded(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester)
+    res, data = run(pytester, tiny_llama, "--kvaudit-tf32=on", "--kvaudit-n=4", "test_replica_exactness.py")
+    assert data["environment"]["tf32_matmul"] is True and data["environment"]["tf32_cudnn"] is True
+    res = pytester.runpytest_subprocess("--kvaudit-tf32=maybe")
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-tf32='maybe': use on or off"])
