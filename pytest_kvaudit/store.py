@@ -178,18 +178,6 @@ class Store:
         self.compute()
         return self.records[(item_id, dtype)]
 
-    def matched(self, item_id: str, dtype: str) -> Any:
-        """Live and prefill continuations of an eligible item, or None when it is ineligible."""
-        rec = self.record(item_id, dtype)
-        if not rec.eligible:
-            return None
-
-        class _M:
-            live = rec.constructions["live"]
-            prefill = rec.constructions["prefill"]
-
-        return _M
-
     def handle(self, dtype: str, attn: str | None = None) -> ModelHandle:
         """The model at ``dtype`` (and attention ``attn``, default the run's); one in memory at a time."""
         key = f"{dtype}/{attn or self.cfg.attn}"
