@@ -65,10 +65,6 @@ def layer_kv(cache: Any) -> list[tuple[Any, Any]]:
     return out
 
 
-def seq_length(cache: Any) -> int:
-    return int(cache.get_seq_length())
-
-
 def clone(cache: Any) -> Any:
     """A deep copy that shares no storage with ``cache``."""
     return copy.deepcopy(cache)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KvauditError
@@ -107,7 +107,6 @@ class AuditConfig:
     allow_pickle: bool = False
     chat_template: bool = False
     threads: int | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def replace(self, **kw: object) -> AuditConfig:
         return dataclasses.replace(self, **kw)  # type: ignore[arg-type]

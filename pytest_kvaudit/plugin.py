@@ -60,7 +60,7 @@ _VALUE_OPTIONS: dict[str, str] = {
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
     MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
-    SEED: "seed for the bootstrap and for shard plans (default: 0)",
+    SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
     REPORT: "write the JSON report to this path",
     HTML: "write the human report (tables and figures) as HTML to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
@@ -374,7 +374,8 @@ class Judge:
         from .verdicts import thresholds
 
         marker = self.node.get_closest_marker("kvaudit_claim")
-        merged = {**(marker.kwargs if marker else {}), **self.session.thresholds.get(name, {}), **overrides}
+        base = {"seed": self.session.config.seed} if name == "matched_construction" else {}
+        merged = {**base, **(marker.kwargs if marker else {}), **self.session.thresholds.get(name, {}), **overrides}
         return thresholds(name, merged)
 
     def claim(self, name: str | None = None, **overrides: float) -> ClaimResult:

@@ -275,12 +275,14 @@ class Store:
         last = prefix[-1]
         budget = budget_total - tr.boundary  # type: ignore[operator]
 
-        def label_of(suffix: Sequence[int]) -> tuple[str | None, bool]:
-            ans = extract_answer(decode(list(tr.generated[: tr.boundary]) + list(suffix)), iset.answer_regex)
+        def label_of(suffix: Sequence[int], gen_head: Sequence[int]) -> tuple[str | None, bool]:
+            ans = extract_answer(decode(list(gen_head) + list(suffix)), iset.answer_regex)
             return ans, ans is not None and ans == item.answer
 
-        def cont(fp: str, suffix: tuple[int, ...], lfp: str, margins: Sequence[float] = ()) -> Continuation:
-            ans, ok = label_of(suffix)
+        def cont(fp: str, suffix: tuple[int, ...], lfp: str, margins: Sequence[float] = (),
+                 gen_head: Sequence[int] | None = None) -> Continuation:
+            # the generated part of the prefix this continuation extends (another precision's, in the 2x2)
+            ans, ok = label_of(suffix, tr.generated[: tr.boundary] if gen_head is None else gen_head)
             return Continuation(suffix, fp, lfp, ans, ok, tuple(round(m, 6) for m in margins))
 
         def run(construction: str, ids: Sequence[int], path: str, keep: bool = False,
@@ -300,7 +302,7 @@ class Store:
             margins: list[float] = []
             suffix, lfp = continue_greedy(dec, state, last, budget, margins)
             self.cost.minimal_forward_tokens += len(ids) + len(suffix)
-            return cont(fp, suffix, lfp, margins), kept
+            return cont(fp, suffix, lfp, margins, list(ids[len(prompt):]) + [last]), kept
 
         try:
             kv.check_plain_kv(tr.state)

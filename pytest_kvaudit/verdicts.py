@@ -160,7 +160,6 @@ def fixed_prefix_2x2(records: list[CellRecord], th: Mapping[str, float], dtypes:
     units: dict[str, int] = {}
     statuses, reasons, bad = [], [], []
     figs: dict[str, Any] = {"disagreements": disagreements, "n": units, "prefix_from": dtypes[0]}
-    by = {(r.item_id, r.dtype): r for r in records}
     for d in dtypes:
         rows = [r for r in records if r.dtype == d and r.fixed]
         units[d] = len(rows)
@@ -205,7 +204,6 @@ def fixed_prefix_2x2(records: list[CellRecord], th: Mapping[str, float], dtypes:
         reasons.append("the 2x2 needs a low (bf16/fp16) and a high (fp32) precision in --kvaudit-dtypes")
     n_hi = sum(units[d] for d in high)
     k_hi = n_hi - sum(disagreements[d] for d in high)
-    del by
     return ClaimResult("fixed_prefix_2x2", _combine(statuses), n_hi, k_hi, wilson_interval(k_hi, n_hi, th["confidence"]),
                        "; ".join(reasons), figs, bad)
 
