@@ -67,12 +67,12 @@ def transplant_tokens(r: Any) -> int:
 
 def all_layer_transplant_tokens(r: Any) -> int:
     """The all-layer K/V transplants, both directions: what donor_following reads."""
-    return sum(len(t.suffix) for t in r.transplants if t.layers is None and t.parts == "kv")
+    return sum(len(t.suffix) for t in r.transplants if t.whole)
 
 
 def swept(r: Any) -> bool:
     """The record also carries the layer sweep's subsets (beyond the all-layer K/V transplant)."""
-    return any(not (t.layers is None and t.parts == "kv") for t in r.transplants)
+    return any(not (t.whole) for t in r.transplants)
 
 
 def batch_tokens(r: Any, by: dict[tuple[str, str], Any], order: list[str]) -> int:
@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads_line = C.setup_torch(a.threads)
 
+    from pytest_kvaudit.claims import registered
     from pytest_kvaudit.config import LOW_PRECISION, AuditConfig, parse_chunks, parse_dtypes
     from pytest_kvaudit.store import Store
-    from pytest_kvaudit.verdicts import JUDGES
 
     kw: dict[str, Any] = {"n": a.n, "dtypes": parse_dtypes(a.dtypes), "device": a.device,
                           "chunks": parse_chunks(a.chunks), "threads": a.threads}
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     order = [it.id for it in store.item_set.items]
     parts = reconstruct_store(records, by, primary, order)
     rebuilt = sum(parts.values())
-    claims = list(JUDGES)  # the judged claims of this kvaudit version (ledger_audit reads a saved ledger)
+    # the judged claims of this kvaudit version (ledger_audit reads a saved ledger)
+    claims = [c.name for c in registered() if not c.inputs]
     naive = naive_claims(records, by, primary, LOW_PRECISION, claims)
     unpriced = [c for c in claims if c not in naive]
     naive_total = sum(naive.values())

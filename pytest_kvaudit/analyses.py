@@ -45,8 +45,8 @@ def anatomy(records: Iterable[Any]) -> dict[str, Any]:
             "margin_live": live.margins[j] if j < len(live.margins) else None,
             "margin_prefill": pre.margins[j] if j < len(pre.margins) else None,
             "label_live": live.label, "label_prefill": pre.label,
-            "text_live": r.divergence_text[0] if r.divergence_text else None,
-            "text_prefill": r.divergence_text[1] if r.divergence_text else None,
+            "text_live": r.comparison.divergence_text[0] if r.comparison.divergence_text else None,
+            "text_prefill": r.comparison.divergence_text[1] if r.comparison.divergence_text else None,
         })
     drift = {
         d: [{"layer": layer, "keys_max_abs": a[1], "values_max_abs": a[2], "keys_rel_mean": a[3] / a[0],
@@ -64,7 +64,7 @@ def _label(layers: tuple[int, ...] | None, parts: str) -> str:
 def layer_sweep(records: Iterable[Any], max_units: int | None = None) -> dict[str, Any]:
     """Share of receivers that follow their donor per transplanted layer subset, on the swept units
     (the first ``max_units`` divergent items in item order), and the smallest subset sufficient on all."""
-    units = [r for r in records if r.eligible and any(t.layers is not None or t.parts != "kv" for t in r.transplants)]
+    units = [r for r in records if r.eligible and any(not t.whole for t in r.transplants)]
     if max_units is not None:
         units = units[:max_units]
     table: dict[str, dict[str, Any]] = {}
@@ -110,7 +110,7 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
              "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]} for (d, c), a in sorted(acc.items())]
     att: dict[tuple[str, str], list[int]] = {}
     for r in records:
-        for name, o in r.axes.items():
+        for name, o in r.probes.axes.items():
             if o.get("eligible"):
                 a = att.setdefault((r.dtype, name), [0, 0, 0])
                 a[0] += 1
@@ -124,10 +124,10 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
 def batch_invariance(records: Iterable[Any]) -> list[dict[str, Any]]:
     acc: dict[tuple[str, int], list[int]] = {}
     for r in records:
-        if r.batch and "state_equal" in r.batch:
-            a = acc.setdefault((r.dtype, r.batch["batch_size"]), [0, 0])
+        if r.probes.batch and "state_equal" in r.probes.batch:
+            a = acc.setdefault((r.dtype, r.probes.batch["batch_size"]), [0, 0])
             a[0] += 1
-            a[1] += r.batch["state_equal"]
+            a[1] += r.probes.batch["state_equal"]
     return [{"dtype": d, "batch_size": b, "n": a[0], "state_equal": a[1], "suffix_equal": None}
             for (d, b), a in sorted(acc.items())]
 

@@ -107,6 +107,8 @@ class AuditConfig:
     allow_pickle: bool = False
     chat_template: bool = False
     threads: int | None = None
+    snapshots: str | None = None  # folder of recorded ledgers (default: snapshots/ under the rootdir)
+    ledger_tokens_only: bool = False  # audit ledgers on token-level fields only (a cross-machine audit)
 
     def replace(self, **kw: object) -> AuditConfig:
         return dataclasses.replace(self, **kw)  # type: ignore[arg-type]

@@ -1,14 +1,12 @@
-"""Chunk schedules -> boundary states; the greedy trajectory and greedy continuation.
+"""Decoding one forward at a time: boundary states from chunk schedules, the greedy trajectory and the
+greedy continuation, with every forward counted.
 
-Every construction is a *chunk schedule* over ``prefix[:-1]``: the lengths of the successive forwards
-that fill a fresh cache (``live``/``incremental`` = ``[P, 1, 1, ...]``, ``prefill`` = ``[len]``,
-``chunked(c)`` = ``[c, c, ..., rest]``). A continuation always starts by feeding ``prefix[-1]`` as one
-decode step, so two constructions differ only in the cache they hand over.
+The schedules themselves live in :mod:`.schedules`. A continuation always starts by feeding
+``prefix[-1]`` as one decode step, so two constructions differ only in the cache they hand over.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,26 +15,7 @@ from . import cache as kv
 from .config import BoundaryRule
 from .errors import KvauditError
 from .items import find_boundary
-
-CONSTRUCTION_RE = re.compile(r"live|prefill|incremental|chunked\((\d+)\)")
-
-
-def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
-    """The chunk lengths of ``construction`` over a ``prefix[:-1]`` of ``length`` tokens."""
-    if length < 1:
-        raise KvauditError("a boundary state needs at least one token before the prefix's last one")
-    m = CONSTRUCTION_RE.fullmatch(construction)
-    if not m:
-        raise KvauditError(f"unknown construction {construction!r}: use live, prefill, incremental or chunked(C)")
-    if construction in ("live", "incremental"):
-        p = min(prompt_len, length)
-        return [p] + [1] * (length - p)
-    if construction == "prefill":
-        return [length]
-    c = int(m.group(1))
-    if c < 1:
-        raise KvauditError(f"{construction}: chunk size must be positive")
-    return [c] * (length // c) + ([length % c] if length % c else [])
+from .schedules import schedule  # noqa: F401  (re-exported: the old home of schedule())
 
 
 @dataclass
@@ -55,22 +34,38 @@ class Cost:
         self.seconds += other.seconds
 
 
+@dataclass(frozen=True)
+class Faults:
+    """Deliberate faults, to prove that each claim can fail. Each hook gets the *path* being computed: a
+    construction's name (``live``, ``prefill``, ``incremental``, ``chunked(4)``), with ``:replica`` for
+    its second computation, ``fixed:replay`` / ``fixed:prefill`` for the 2x2's own cells,
+    ``transplant:<direction>`` and ``axis:<attn>:live|prefill``.
+
+    - ``logits(logits, path) -> logits`` on every forward's next-token logits;
+    - ``state(cache, path)`` on every boundary state built from a schedule (mutate it in place);
+    - ``transplant(receiver, donor, layers, parts) -> cache`` replaces :func:`cache.transplant`.
+    """
+
+    logits: Callable[[Any, str], Any] | None = None
+    state: Callable[[Any, str], None] | None = None
+    transplant: Callable[[Any, Any, Any, str], Any] | None = None
+
+
+NO_FAULTS = Faults()
+
+
 class Decoder:
     """One model at one precision, run one forward at a time with its cost counted."""
 
     def __init__(self, model: Any, eos_ids: frozenset[int], cost: Cost | None = None,
-                 logits_hook: Callable[[Any, str], Any] | None = None,
-                 state_hook: Callable[[Any, str], None] | None = None) -> None:
+                 faults: Faults = NO_FAULTS) -> None:
         self.model = model
         self.eos_ids = eos_ids
         self.cost = cost if cost is not None else Cost()
         self.device = next(model.parameters()).device
         self._kwarg = kv.cache_kwarg(model)
-        #: self-tests inject faults here to prove claims can fail: ``logits_hook(logits, path) -> logits``
-        #: on every forward, ``state_hook(cache, path)`` on every constructed boundary state
-        self.logits_hook = logits_hook
-        self.state_hook = state_hook
-        self.path = ""
+        self.faults = faults
+        self.path = ""  # what is being computed, for the fault hooks
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
         """Feed ``ids`` on top of ``cache`` (mutated); the next-token logits, shape ``[vocab]``."""
@@ -82,8 +77,8 @@ class Decoder:
         self.cost.forward_calls += 1
         self.cost.forward_tokens += len(ids)
         logits = out.logits[0, -1]
-        if self.logits_hook is not None:
-            logits = self.logits_hook(logits, self.path)
+        if self.faults.logits is not None:
+            logits = self.faults.logits(logits, self.path)
         return logits
 
     def fresh(self) -> Any:
@@ -98,8 +93,8 @@ class Decoder:
         for n in chunks:
             self.step(ids[pos : pos + n], c)
             pos += n
-        if self.state_hook is not None:
-            self.state_hook(c, self.path)
+        if self.faults.state is not None:
+            self.faults.state(c, self.path)
         return c
 
 

@@ -67,7 +67,7 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
         u["comparison_fp"] = h.hexdigest()
     if r.fixed:
         u["fixed"] = {k: _cont(c) for k, c in sorted(r.fixed.items())}
-    whole = [t for t in r.transplants if t.layers is None and t.parts == "kv"]
+    whole = r.whole_transplants()
     if whole and with_transplants:
         u["transplants"] = {f"{t.direction}/all/kv": {"suffix": ids(t.suffix), "followed": t.followed} for t in whole}
     return u
@@ -77,7 +77,7 @@ def build(store: Any) -> dict[str, Any]:
     """The ledger document of a computed store."""
     cfg, iset = store.cfg, store.item_set
     # the donor units the claim judges: the first donor_max_units divergent records, whatever -n
-    chosen = [r for r in store.records.values() if any(t.layers is None and t.parts == "kv" for t in r.transplants)]
+    chosen = [r for r in store.records.values() if r.whole_transplants()]
     donors = {id(r) for r in chosen[: cfg.donor_max_units]}
     return {
         "kvaudit_ledger": LEDGER_VERSION,

@@ -1,4 +1,6 @@
-"""Pure builders for what a run shows: the JSON report (DESIGN.md's schema) and the terminal table."""
+"""The JSON report (DESIGN.md's schema), pure: built from verdicts and the run's data, compared with a
+baseline. No claim is named here: each claim's order, key figure and watched rates come in the report's
+``display`` block, written by the claim itself (or, for an older report, looked up in the registry)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .verdicts import ClaimResult
+from .claims.base import USER_ORDER, ClaimResult
 
 SCHEMA_VERSION = 1
 
@@ -44,7 +46,9 @@ def build(
     cost: Mapping[str, Any],
     analyses: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
+    display: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    shown = {name: {k: v for k, v in d.items() if k != "html"} for name, d in sorted((display or {}).items())}
     return {
         "schema_version": SCHEMA_VERSION,
         "model": dict(identity),
@@ -54,6 +58,7 @@ def build(
         "analyses": dict(analyses or {}),
         "cost": dict(cost),
         "config": dict(config or {}),
+        "display": shown,
     }
 
 
@@ -90,75 +95,23 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _fmt_interval(iv: Iterable[float]) -> str:
-    lo, hi = list(iv)
-    return f"[{lo:.3f}, {hi:.3f}]"
+def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """How claim ``name`` shows itself: from the report's display block, else from the registered claim
+    (a report written before the block existed), else the plain reason."""
+    shown = report.get("display", {}).get(name)
+    if shown is not None:
+        return dict(shown)
+    from .claims import base
+
+    c = report["claims"][name]
+    if name in {cl.name for cl in base.registered()}:
+        return base.get(name).display(ClaimResult.from_dict(c))
+    return {"order": USER_ORDER, "title": name, "figure": c.get("reason", ""), "rates": {}}
 
 
-def key_figure(c: ClaimResult) -> str:
-    f = c.figures
-    if c.name == "matched_construction" and f.get("divergent_suffixes"):
-        return "; ".join(
-            f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
-            f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_fmt_interval(f['accuracy_diff_ci'][d])}"
-            for d in f["divergent_suffixes"]
-        )
-    if c.name == "fixed_prefix_2x2" and f.get("disagreements"):
-        parts = [f"{d}: {v}/{f['n'][d]} disagree" for d, v in f["disagreements"].items()]
-        for d, hi in f.get("disagreement_upper", {}).items():
-            parts.append(f"{d} Wilson upper {hi:.2%}")
-        rec = f.get("recurrence_primary")
-        if rec:
-            parts.append(f"recurrence {rec[0]}/{rec[1]}")
-        return "; ".join(parts)
-    if c.name == "donor_following" and "live_to_prefill" in f:
-        a, b = f["live_to_prefill"], f["prefill_to_live"]
-        return f"live→prefill {a[0]}/{a[1]}, prefill→live {b[0]}/{b[1]}"
-    return c.reason
-
-
-#: the paper's order, then any user claims alphabetically
-CLAIM_ORDER = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
-               "donor_following", "layer_sweep")
-
-
-def _order(name: str) -> int:
-    return CLAIM_ORDER.index(name) if name in CLAIM_ORDER else len(CLAIM_ORDER)
-
-
-def lines(report: Mapping[str, Any], width: int = 100) -> list[str]:
-    """The terminal summary: one row per claim, then items and cost."""
-    out = []
-    m = report["model"]
-    it = report["items"]
-    out.append(f"model {m.get('id')} ({m.get('architecture')}, {m.get('num_layers')} layers, {m.get('weights_digest', '')[:19]})")
-    e = report.get("environment", {})
-    if e:  # the switches that decide bit-exactness, so a failed replica claim comes with where to look
-        onoff = {True: "on", False: "off", None: "-"}
-        out.append(
-            f"environment torch {e.get('torch')}, transformers {e.get('transformers')}, device {e.get('device')} "
-            f"({e.get('device_name')}, {e.get('cpu_capability')}), attn {e.get('attn_implementation')}, "
-            f"threads {e.get('num_threads')}, deterministic {onoff.get(e.get('deterministic_algorithms'), '-')}, "
-            f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace {e.get('cublas_workspace_config') or '-'}"
-        )
-    inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
-    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
-    out.append(f"{'claim':<22} {'verdict':<13} {'k/n':>9}  {'95% interval':<17} figure")
-    for name, c in sorted(report["claims"].items(), key=lambda kv: (_order(kv[0]), kv[0])):
-        rc = ClaimResult(**{**c, "interval": tuple(c["interval"])})
-        kn = f"{c['k']}/{c['n']}"
-        fig = key_figure(rc)
-        out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {fig}")
-        if c["status"] != "pass" and fig != c["reason"]:
-            out.append(f"{'':<22} └ {c['reason']}")
-    cost = report.get("cost", {})
-    if cost:
-        ratio = cost["forward_tokens"] / cost["minimal_forward_tokens"] if cost.get("minimal_forward_tokens") else 0
-        out.append(
-            f"cost {cost['forward_calls']} forwards, {cost['forward_tokens']} tokens "
-            f"({ratio:.2f}x the minimum), {cost['seconds']:.1f}s"
-        )
-    return out
+def ordered(report: Mapping[str, Any]) -> list[str]:
+    """Claim names in display order: the paper's, then users' claims by name."""
+    return sorted(report["claims"], key=lambda n: (display_of(report, n).get("order", USER_ORDER), n))
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
@@ -177,18 +130,9 @@ def load_baseline(path: Path) -> dict[str, Any]:
     return rep
 
 
-def _rates(claim: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """The rates a regression check watches, as (k, n): divergences, disagreements, donors followed."""
-    f = claim.get("figures", {})
-    out: dict[str, tuple[int, int]] = {}
-    for d, v in (f.get("divergent_suffixes") or {}).items():
-        out[f"divergent_suffixes[{d}]"] = (int(v), int(f.get("n", {}).get(d, 0)))
-    for d, v in (f.get("disagreements") or {}).items():
-        out[f"disagreements[{d}]"] = (int(v), int(f.get("n", {}).get(d, 0)))
-    for key in ("live_to_prefill", "prefill_to_live"):
-        if key in f:
-            out[key] = (int(f[key][0]), int(f[key][1]))
-    return out
+def _rates(report: Mapping[str, Any], name: str) -> dict[str, tuple[int, int]]:
+    """The rates a regression check watches for claim ``name``, as (k, n)."""
+    return {k: (int(v[0]), int(v[1])) for k, v in display_of(report, name).get("rates", {}).items()}
 
 
 def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,7 +140,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
     from .stats import wilson_interval
 
     changes: list[dict[str, Any]] = []
-    for name, c in sorted(current["claims"].items(), key=lambda kv: (_order(kv[0]), kv[0])):
+    for name in ordered(current):
+        c = current["claims"][name]
         b = baseline["claims"].get(name)
         if b is None:
             changes.append({"claim": name, "kind": "new", "now": c["status"]})
@@ -204,7 +149,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
         if b["status"] != c["status"]:
             kind = "regression" if b["status"] == "pass" and c["status"] == "fail" else "verdict"
             changes.append({"claim": name, "kind": kind, "was": b["status"], "now": c["status"]})
-        old, new = _rates(b), _rates(c)
+        old, new = _rates(baseline, name), _rates(current, name)
         for key, (k, n) in new.items():
             if key not in old or n == 0 or old[key][1] == 0:
                 continue
@@ -214,20 +159,3 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
                 changes.append({"claim": name, "kind": "rate", "figure": key, "was": list(old[key]),
                                 "now": [k, n], "baseline_interval": [lo, hi]})
     return {"model_was": baseline.get("model", {}).get("weights_digest"), "changes": changes}
-
-
-def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
-    if not cmp["changes"]:
-        return ["no change from the baseline: every verdict and rate within its baseline interval"]
-    out = []
-    for ch in cmp["changes"]:
-        if ch["kind"] == "rate":
-            (k0, n0), (k1, n1) = ch["was"], ch["now"]
-            lo, hi = ch["baseline_interval"]
-            out.append(f"{ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the baseline's [{lo:.3f}, {hi:.3f}]")
-        elif ch["kind"] == "new":
-            out.append(f"{ch['claim']}: new claim, {ch['now']}")
-        else:
-            tag = "REGRESSION " if ch["kind"] == "regression" else ""
-            out.append(f"{tag}{ch['claim']}: {ch['was']} -> {ch['now']}")
-    return out

@@ -8,4 +8,4 @@ import pytest
 
 @pytest.mark.kvaudit_claim("ledger_audit")
 def test_ledger_audit(kvaudit_judge, snapshot):
-    kvaudit_judge.ledger(snapshot)
+    kvaudit_judge.claim(snapshot=snapshot)

@@ -31,7 +31,7 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
         "    if path == 'prefill':\n"
         "        k, v = kv.layer_kv(cache)[-1]\n"
         "        k.add_(8 * torch.randn(k.shape, generator=torch.Generator().manual_seed(0)).to(k.dtype))\n"
-        "Store.state_hook = last_layer\n"
+        "def pytest_kvaudit_faults(config):\n    return Faults(state=last_layer)\n\n"
     ))
     rep, page = pytester.path / "r.json", pytester.path / "r.html"
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "--kvaudit-chunks=3", "--kvaudit-attn=sdpa,eager",

@@ -37,10 +37,12 @@ def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunRe
 
 NOISE = """
 import torch
-from pytest_kvaudit.store import Store
+from pytest_kvaudit.constructions import Faults
 def hook(logits, path):
     return logits + 1e-3 if path == "prefill" and logits.dtype == torch.float32 else logits
-Store.logits_hook = hook
+def pytest_kvaudit_faults(config):
+    return Faults(logits=hook)
+
 """
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,15 +140,16 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
     import torch
 
     from pytest_kvaudit.config import AuditConfig
-    from pytest_kvaudit.plugin import KvauditSession
+    from pytest_kvaudit.session import KvauditSession
     from pytest_kvaudit.store import Store
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, i=0, n=1: seen.append((cfg.device, i, n))))
+    monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, i=0, n=1, faults=None: seen.append((cfg.device, i, n))))
+    no_faults = SimpleNamespace(hook=SimpleNamespace(pytest_kvaudit_faults=lambda config: None))
     for index in range(3):
-        sess = KvauditSession(AuditConfig(), None, {}, None, shard=(index, 3, tmp_path))  # type: ignore[arg-type]
+        sess = KvauditSession(AuditConfig(), no_faults, {}, None, shard=(index, 3, tmp_path))  # type: ignore[arg-type]
         sess._open(index, 3)
     assert seen == [("cuda:0", 0, 3), ("cuda:1", 1, 3), ("cuda:0", 2, 3)]
     torch.set_num_threads(1)

@@ -28,6 +28,12 @@ kvaudit_thresholds =
 """
 
 
+def faults(**hooks: str) -> str:
+    """A conftest line that injects these faults (``logits=``, ``state=``, ``transplant=`` expressions)."""
+    args = ", ".join(f"{k}={v}" for k, v in hooks.items())
+    return f"def pytest_kvaudit_faults(config):\n    return Faults({args})\n"
+
+
 def setup_suite(pytester: pytest.Pytester, conftest: str = "", ini: str = LOW_BARS) -> None:
     """The claim suites as a user has them (the ledger audit has its own tests in test_ledger.py)."""
     for f in (REPO / "suites").glob("test_*.py"):
@@ -104,7 +110,7 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
 BREAK = """
 import torch
 from pytest_kvaudit import cache as kv
-from pytest_kvaudit.store import Store
+from pytest_kvaudit.constructions import Faults
 
 def noisy_logits(paths):
     def hook(logits, path):
@@ -125,7 +131,7 @@ def noisy_state(paths, dtypes=None):
 
 
 def test_noise_in_one_replica_fails_replica_exactness(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup_suite(pytester, BREAK + "Store.logits_hook = noisy_logits({'prefill:replica'})\n")
+    setup_suite(pytester, BREAK + faults(logits="noisy_logits({'prefill:replica'})"))
     res, data = run(pytester, tiny_llama, "test_replica_exactness.py")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ: t00@bf16/prefill (logits)*"])
@@ -134,14 +140,14 @@ def test_noise_in_one_replica_fails_replica_exactness(pytester: pytest.Pytester,
 
 
 def test_perturbed_incremental_path_fails_the_bridge(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'incremental'})\n")
+    setup_suite(pytester, BREAK + faults(state="noisy_state({'incremental'})"))
     res, data = run(pytester, tiny_llama, "test_bridge_bitexact.py")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*bridge_bitexact FAILED: incremental differs from live on t00@bf16 (K/V of layers 0:k,0:v,1:k,1:v)*"])
 
 
 def test_transplants_follow_when_the_cache_carries_the_divergence(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'prefill'})\n")
+    setup_suite(pytester, BREAK + faults(state="noisy_state({'prefill'})"))
     res, data = run(pytester, tiny_llama, "test_donor_following.py")
     fig = data["claims"]["donor_following"]["figures"]
     assert fig["live_to_prefill"][1] >= 3, fig  # the noise made divergent units
@@ -151,10 +157,8 @@ def test_transplants_follow_when_the_cache_carries_the_divergence(pytester: pyte
 
 
 def test_a_transplant_that_copies_nothing_fails_donor_following(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    conftest = BREAK + (
-        "Store.state_hook = noisy_state({'prefill'})\n"
-        "Store.transplant_fn = staticmethod(lambda receiver, donor, layers, parts: kv.clone(receiver))\n"
-    )
+    conftest = BREAK + faults(state="noisy_state({'prefill'})",
+                              transplant="lambda receiver, donor, layers, parts: kv.clone(receiver)")
     setup_suite(pytester, conftest)
     res, data = run(pytester, tiny_llama, "test_donor_following.py")
     res.assert_outcomes(failed=1)
@@ -164,7 +168,7 @@ def test_a_transplant_that_copies_nothing_fails_donor_following(pytester: pytest
 
 def test_fp32_noise_that_flips_tokens_fails_the_2x2(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     ini = LOW_BARS.replace("fixed_prefix_2x2.max_rate=0.5", "fixed_prefix_2x2.max_rate=0.02")
-    setup_suite(pytester, BREAK + "Store.state_hook = noisy_state({'prefill', 'fixed:prefill'}, {'torch.float32'})\n", ini)
+    setup_suite(pytester, BREAK + faults(state="noisy_state({'prefill', 'fixed:prefill'}, {'torch.float32'})"), ini)
     res, data = run(pytester, tiny_llama, "test_fixed_prefix_2x2.py")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*fixed_prefix_2x2 FAILED: *fp32: * decoded disagreements*"])
@@ -233,13 +237,13 @@ def test_a_marker_the_tokenizer_cannot_spell_is_one_line(pytester: pytest.Pytest
 
 def test_out_of_memory_on_one_item_is_reported_and_the_run_goes_on(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     oom = (
-        "from pytest_kvaudit.store import Store\n"
-        "_inner = Store._cell_inner\n"
-        "def cell(self, dec, h, item, *a):\n"
+        "from pytest_kvaudit.cells import CellBuilder\n"
+        "_inner = CellBuilder.compute\n"
+        "def cell(self, item, *a):\n"
         "    if item.id == 't02':\n"
         "        raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
-        "    return _inner(self, dec, h, item, *a)\n"
-        "Store._cell_inner = cell\n"
+        "    return _inner(self, item, *a)\n"
+        "CellBuilder.compute = cell\n"
     )
     setup_suite(pytester, oom)
     res, data = run(pytester, tiny_llama, "test_replica_exactness.py", "test_bridge_bitexact.py")

@@ -1,0 +1,42 @@
+"""kvaudit's claims: one module per claim over :mod:`.base`, registered through the public API.
+
+A user's claim does the same in their own test file::
+
+    from pytest_kvaudit.claims import Claim, Threshold, register, PASS, FAIL
+
+    @register
+    class MyClaim(Claim):
+        name = "my_claim"
+        thresholds = {"min_units": Threshold(4, "least units")}
+        def judge(self, ev): ...
+
+and its test calls ``kvaudit_judge.claim("my_claim")``.
+"""
+
+from __future__ import annotations
+
+from . import (  # noqa: F401  (importing registers the built-in claims, in the paper's order)
+    bridge_bitexact,
+    donor_following,
+    fixed_prefix_2x2,
+    layer_sweep,
+    ledger_audit,
+    matched_construction,
+    replica_exactness,
+)
+from .base import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Claim,
+    ClaimResult,
+    Evidence,
+    Threshold,
+    exact_result,
+    get,
+    register,
+    registered,
+)
+
+__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Claim", "ClaimResult", "Evidence", "Threshold", "exact_result", "get",
+           "register", "registered"]

@@ -1,0 +1,42 @@
+"""The bridge: token-by-token incremental replay of the recorded ids equals the live cache, bit for bit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..htmlkit import e, section, status, table
+from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, ineligible_note, names, register
+
+
+@register
+class BridgeBitexact(Claim):
+    name = "bridge_bitexact"
+    order = 40
+    title = "Bridge: incremental vs live"
+    thresholds = {"min_units": Threshold(12, "least eligible items compared", "items x precisions")}
+    evidence = "min_units eligible (item, precision) units whose cache is plain per-layer K/V"
+
+    def judge(self, ev: Evidence) -> ClaimResult:
+        rows = ev.eligible()
+        unsupported = sorted({r.unsupported for r in rows if r.unsupported})
+        if unsupported:
+            return self.result(INCONCLUSIVE, 0, 0, unsupported[0], interval=(0.0, 1.0))
+        bad = []
+        for r in rows:
+            a, b = r.constructions["live"], r.constructions["incremental"]
+            if r.bridge_mismatch or not a.same_as(b):
+                where = f"K/V of layers {','.join(r.bridge_mismatch)}" if r.bridge_mismatch else (
+                    "suffix" if a.suffix != b.suffix else "logits")
+                bad.append(f"{r.item_id}@{r.dtype} ({where})")
+        n, k = len(rows), len(rows) - len(bad)
+        if bad:
+            return self.result(FAIL, n, k, f"incremental differs from live on {names(bad)}", {"mismatches": len(bad)}, bad)
+        if n < ev.thresholds["min_units"]:
+            return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
+                                                   f"{ineligible_note(ev.records)}")
+        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} (every layer's K and V, suffix)")
+
+    def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
+        return section(self.name, self.title, table(["verdict", "k/n", "reason"], [
+            [status(result["status"]), f"{result['k']}/{result['n']}", e(result["reason"])]]))

@@ -1,0 +1,80 @@
+"""The saved ledger reproduces: every recorded trajectory and fingerprint comes back bit for bit.
+
+The ledger is a syrupy snapshot (``snapshot.py``) under ``snapshots/<model-slug>/``: ``--snapshot-update``
+records it, a plain run audits against it. The claim's test hands syrupy's ``snapshot`` fixture over.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import ledger as L
+from ..errors import KvauditError
+from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
+
+
+@register
+class LedgerAudit(Claim):
+    name = "ledger_audit"
+    order = 50
+    title = "Ledger audit"
+    thresholds = {"min_units": Threshold(1, "least units both recorded and run", "units")}
+    evidence = "a ledger recorded for this model and environment, and min_units units both recorded and run"
+    inputs = ("snapshot",)
+
+    def judge(self, ev: Evidence) -> ClaimResult:
+        from ..snapshot import extension_for
+
+        cfg = ev.config
+        snapshot: Any = ev.inputs.get("snapshot")
+        if snapshot is None:
+            raise KvauditError("ledger_audit needs syrupy's snapshot fixture: kvaudit_judge.claim(snapshot=snapshot)")
+        tokens_only = cfg.ledger_tokens_only
+        root = Path(cfg.snapshots) if cfg.snapshots else Path("snapshots")
+        ext = extension_for(root, L.slug(cfg.model), tokens_only)
+        snap = snapshot.use_extension(ext)
+        path = ext.ledger_path(snap.test_location)
+        current = L.build(ev.store)
+
+        if snap.session.update_snapshots:
+            assert snap == current
+            return self.result(INCONCLUSIVE, 0, 0, f"ledger of {len(current['units'])} units recorded to {path}; "
+                                                   "a plain run audits against it")
+        if not path.is_file():
+            return self.result(INCONCLUSIVE, 0, 0,
+                               f"no ledger recorded for this model at {path}: record one with --snapshot-update")
+        try:
+            recorded = L.parse(path.read_text(encoding="utf-8"), str(path))
+        except KvauditError as exc:
+            return self.result(FAIL, 0, 0, str(exc))
+        diffs = L.identity_differences(recorded, current, tokens_only)
+        a = L.audit(recorded, current, tokens_only)
+        if diffs:
+            model_diff = any(d.startswith(("model.", "config.")) for d in diffs)
+            fix = ("record a ledger for this checkpoint with --snapshot-update (or --kvaudit-snapshots=DIR)" if model_diff
+                   else "audit token-level fields only with --kvaudit-ledger-tokens-only, or re-record here")
+            moved = [f"{u} ({', '.join(f[:2])})" for u, f in a.mismatches.items()]
+            units = (f"; {len(moved)}/{a.units} units differ: {'; '.join(moved[:4])}{' and more' if len(moved) > 4 else ''}"
+                     if moved else "")
+            return self.result(FAIL, a.units, a.reproduced, f"ledger {path} was recorded for another "
+                               f"{'model' if model_diff else 'environment'}: {'; '.join(diffs)}; {fix}{units}",
+                               {"identity_differences": diffs}, list(a.mismatches))
+        figs = {"reproduced": a.reproduced, "units": a.units, "not_recorded": len(a.not_recorded), "not_run": a.not_run,
+                "tokens_only": tokens_only, "ledger": str(path)}
+        if a.mismatches:
+            bad = [f"{u} ({', '.join(f[:3])}{'...' if len(f) > 3 else ''})" for u, f in a.mismatches.items()]
+            return self.result(FAIL, a.units, a.reproduced, f"{len(bad)}/{a.units} units not reproduced: "
+                               f"{'; '.join(bad[:6])}{' and more' if len(bad) > 6 else ''}", figs, bad)
+        if a.units < ev.thresholds["min_units"]:
+            return self.result(INCONCLUSIVE, a.units, a.reproduced,
+                               f"{a.units} units both recorded and run, needs {int(ev.thresholds['min_units'])}", figs)
+        assert snap == current  # syrupy's own bookkeeping: the ledger is used, and it matches
+        return self.result(PASS, a.units, a.reproduced, f"all {a.units} recorded units reproduced"
+                           f"{' (token-level fields)' if tokens_only else ' (ids, labels and every fingerprint)'}", figs)
+
+    def html(self, result: Any, run: Any) -> str | None:
+        from ..htmlkit import e, section, status, table
+
+        return section(self.name, self.title, table(["verdict", "k/n", "reason"], [
+            [status(result["status"]), f"{result['k']}/{result['n']}", e(result["reason"])]]))

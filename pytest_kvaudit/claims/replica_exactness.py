@@ -1,0 +1,31 @@
+"""Replicas are exact: the same construction, precision and item computed twice is bit-identical."""
+
+from __future__ import annotations
+
+from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, ineligible_note, names, register
+
+
+@register
+class ReplicaExactness(Claim):
+    name = "replica_exactness"
+    order = 10
+    title = "Replicas: the same cell computed twice"
+    thresholds = {"min_units": Threshold(12, "least replica pairs compared", "replica pairs")}
+    evidence = "min_units replica pairs (item x construction x precision) compared"
+
+    def judge(self, ev: Evidence) -> ClaimResult:
+        units, bad = 0, []
+        for r in ev.eligible():
+            for c in ("live", "prefill"):
+                units += 1
+                a, b = r.constructions[c], r.constructions[f"{c}:replica"]
+                if not a.same_as(b):
+                    what = "suffix" if a.suffix != b.suffix else "state" if a.state_fp != b.state_fp else "logits"
+                    bad.append(f"{r.item_id}@{r.dtype}/{c} ({what})")
+        k = units - len(bad)
+        if bad:
+            return self.result(FAIL, units, k, f"{len(bad)} replica(s) differ: {names(bad)}", {"mismatches": len(bad)}, bad)
+        if units < ev.thresholds["min_units"]:
+            return self.result(INCONCLUSIVE, units, k, f"{units} replica units, needs {int(ev.thresholds['min_units'])}"
+                                                       f"{ineligible_note(ev.records)}")
+        return self.result(PASS, units, k, f"all {units} replicas bit-identical")

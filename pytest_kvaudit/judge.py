@@ -1,0 +1,79 @@
+"""The ``kvaudit_judge`` fixture's object: a claim's verdict becomes the test's outcome.
+
+pass -> the test passes; fail -> it fails naming the counterexamples; inconclusive -> a skip with the
+reason. Every verdict is also recorded on the session (and shipped to the xdist controller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .claims import base as claims
+from .errors import KvauditError
+
+if TYPE_CHECKING:
+    from .session import KvauditSession
+    from .store import Store
+
+MARKER = "kvaudit_claim"
+
+
+class Judge:
+    """Judge a registered claim (``claim``), an ad-hoc exactness claim (``exact``), or a result (``verdict``)."""
+
+    def __init__(self, session: KvauditSession, node: pytest.Item, store: Store) -> None:
+        self.session, self.node, self.store = session, node, store
+
+    def _marker(self) -> Any:
+        return self.node.get_closest_marker(MARKER)
+
+    def claim(self, name: str | None = None, **kwargs: Any) -> claims.ClaimResult:
+        """Judge the claim ``name`` (default: the test's ``kvaudit_claim`` marker). Keyword arguments are
+        threshold overrides, or the inputs that the claim declares (such as ``snapshot``)."""
+        marker = self._marker()
+        if name is None:
+            if marker is None or not marker.args:
+                raise pytest.UsageError(f"{self.node.nodeid}: name the claim, kvaudit_judge.claim('replica_exactness')")
+            name = str(marker.args[0])
+        try:
+            claim = claims.get(name)
+            inputs = {k: kwargs.pop(k) for k in claim.inputs if k in kwargs}
+            mk = marker.kwargs if marker is not None and (not marker.args or marker.args[0] == name) else {}
+            th = claim.resolve(self.session.config, mk, self.session.thresholds.get(name, {}), kwargs)
+        except KvauditError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        ev = claims.Evidence(list(self.store.records.values()), th, self.store.cfg, self.store, inputs)
+        result = claim.judge(ev)
+        if self.store.missing and result.status == claims.PASS:
+            result.status = claims.INCONCLUSIVE
+            result.reason = f"{len(self.store.missing)} items missing (a worker died): {result.reason}"
+        return self.verdict(result, claim)
+
+    def exact(self, name: str, units: Mapping[str, bool], min_units: int = 1, reason: str = "") -> claims.ClaimResult:
+        """A custom exactness claim: ``units`` maps unit name -> property holds. Fails on one counterexample."""
+        return self.verdict(claims.exact_result(name, units, min_units, reason))
+
+    def ledger(self, snapshot: Any) -> claims.ClaimResult:
+        """The ledger audit (``claim("ledger_audit", snapshot=snapshot)``)."""
+        return self.claim("ledger_audit", snapshot=snapshot)
+
+    def verdict(self, result: claims.ClaimResult, claim: claims.Claim | None = None) -> claims.ClaimResult:
+        """Record ``result`` and turn it into the test's outcome."""
+        if claim is None and result.name in {c.name for c in claims.registered()}:
+            claim = claims.get(result.name)
+        display = claim.display(result) if claim is not None else {
+            "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
+        if claim is not None and self.session.html_path is not None:
+            from .session import run_info
+
+            run = self.session.run_info or run_info(self.store, self.session.config)
+            display["html"] = claim.html(result.to_dict(), run)
+        self.session.record(result, display, self.node)
+        if result.status == claims.FAIL:
+            pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
+        if result.status == claims.INCONCLUSIVE:
+            pytest.skip(f"{result.name} inconclusive: {result.reason}")
+        return result

@@ -1,0 +1,153 @@
+"""kvaudit's command-line options and ini keys, and their reading into an :class:`AuditConfig`.
+
+Every flag is ``--kvaudit-*`` in the ``kvaudit`` group with an ini twin named like its dest; the flag
+names are module constants that tests import. Bad values are one-line ``pytest.UsageError``s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .config import AuditConfig, BoundaryRule, parse_chunks, parse_device, parse_dtypes
+from .errors import KvauditError
+
+MODEL = "--kvaudit-model"
+DTYPES = "--kvaudit-dtypes"
+DEVICE = "--kvaudit-device"
+DEVICE_MAP = "--kvaudit-device-map"
+TF32 = "--kvaudit-tf32"
+ATTN = "--kvaudit-attn"
+ITEMS = "--kvaudit-items"
+N = "--kvaudit-n"
+BOUNDARY = "--kvaudit-boundary"
+ANSWER_REGEX = "--kvaudit-answer-regex"
+MAX_NEW_TOKENS = "--kvaudit-max-new-tokens"
+SEED = "--kvaudit-seed"
+REPORT = "--kvaudit-report"
+CHUNKS = "--kvaudit-chunks"
+DONOR_UNITS = "--kvaudit-donor-units"
+THREADS = "--kvaudit-threads"
+TRUST_REMOTE_CODE = "--kvaudit-trust-remote-code"
+ALLOW_PICKLE = "--kvaudit-allow-pickle"
+CHAT_TEMPLATE = "--kvaudit-chat-template"
+SNAPSHOTS = "--kvaudit-snapshots"
+BASELINE = "--kvaudit-baseline"
+HTML = "--kvaudit-html"
+LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
+THRESHOLDS_INI = "kvaudit_thresholds"
+
+#: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
+VALUE_OPTIONS: dict[str, str] = {
+    MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
+    DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
+    DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
+    TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
+    DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
+    ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
+    ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
+    N: "use the first N items",
+    BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
+    ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
+    MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
+    SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
+    REPORT: "write the JSON report to this path",
+    HTML: "write the human report (tables and figures) as HTML to this path",
+    CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
+    DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
+    BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
+    SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
+    THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
+}
+FLAG_OPTIONS: dict[str, str] = {
+    TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
+    ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
+    CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
+    LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
+}
+
+
+def dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvaudit", "kvaudit: does the KV cache survive stage replay")
+    for flag, help_ in VALUE_OPTIONS.items():
+        group.addoption(flag, dest=dest(flag), default=None, help=help_)
+        parser.addini(dest(flag), help_, default="")
+    for flag, help_ in FLAG_OPTIONS.items():
+        group.addoption(flag, dest=dest(flag), action="store_true", default=False, help=help_)
+        parser.addini(dest(flag), help_, type="bool", default=False)
+    parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
+
+
+def value(config: pytest.Config, flag: str) -> str | None:
+    v = config.getoption(dest(flag)) or config.getini(dest(flag))
+    return str(v) if v not in (None, "") else None
+
+
+def flag(config: pytest.Config, name: str) -> bool:
+    return bool(config.getoption(dest(name)) or config.getini(dest(name)))
+
+
+def _int(config: pytest.Config, flag: str) -> int | None:
+    v = value(config, flag)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={v!r} is not an integer") from None
+
+
+def build_config(config: pytest.Config) -> AuditConfig:
+    """Options and ini -> AuditConfig; bad values are a one-line usage error."""
+    try:
+        kw: dict[str, Any] = {}
+        if (m := value(config, MODEL)) is not None:
+            kw["model"] = m
+        kw["items"] = value(config, ITEMS)
+        kw["n"] = _int(config, N)
+        kw["dtypes"] = parse_dtypes(value(config, DTYPES) or "bf16,fp32")
+        kw["device"] = parse_device(value(config, DEVICE) or "auto")
+        kw["device_map"] = value(config, DEVICE_MAP)
+        tf32 = value(config, TF32)
+        if tf32 is not None and tf32 not in ("on", "off"):
+            raise KvauditError(f"{TF32}={tf32!r}: use on or off")
+        kw["tf32"] = None if tf32 is None else tf32 == "on"
+        attns = [a.strip() for a in (value(config, ATTN) or "").split(",") if a.strip()]
+        kw["attn"] = attns[0] if attns else None
+        kw["attn_axes"] = tuple(attns[1:])
+        if (b := value(config, BOUNDARY)) is not None:
+            BoundaryRule.parse(b)
+            kw["boundary"] = b
+        kw["answer_regex"] = value(config, ANSWER_REGEX)
+        kw["max_new_tokens"] = _int(config, MAX_NEW_TOKENS)
+        kw["seed"] = _int(config, SEED) or 0
+        kw["chunks"] = parse_chunks(value(config, CHUNKS))
+        if (d := _int(config, DONOR_UNITS)) is not None:
+            kw["donor_max_units"] = d
+        kw["threads"] = _int(config, THREADS)
+        for name, attr in ((TRUST_REMOTE_CODE, "trust_remote_code"), (ALLOW_PICKLE, "allow_pickle"),
+                           (CHAT_TEMPLATE, "chat_template"), (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):
+            kw[attr] = flag(config, name)
+        kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
+        return AuditConfig().replace(**kw)
+    except KvauditError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def parse_thresholds(lines: list[str]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for line in lines:
+        key, sep, val = line.partition("=")
+        claim, dot, name = key.strip().partition(".")
+        try:
+            if not sep or not dot:
+                raise ValueError
+            out.setdefault(claim, {})[name.strip()] = float(val)
+        except ValueError:
+            raise pytest.UsageError(f"{THRESHOLDS_INI}: {line!r} is not 'claim.key=number'") from None
+    return out

@@ -1,0 +1,81 @@
+"""Probes beyond the claims, run once per precision after its cells: further attention implementations
+(does their live cache equal their prefill?) and batch invariance (is a boundary state computed inside a
+left-padded batch the same as computed alone?). Their outcomes land in each record's ``probes``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import cache as kv
+from .config import BoundaryRule
+from .constructions import Decoder, continue_greedy, trajectory
+from .loading import ModelHandle
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+def attention_axis(store: Store, dtype: str, attn: str) -> None:
+    """Another attention implementation on the same items: is its live cache the same as its prefill?"""
+    h = store.handle(dtype, attn)
+    dec = Decoder(h.model, h.eos_ids, store.cost, store.faults)
+    iset = store.item_set
+    for item in store.items:
+        rec = store.records[(item.id, dtype)]
+        if not rec.eligible or rec.unsupported:
+            continue
+        rule = BoundaryRule.parse(item.boundary or iset.boundary)
+        dec.path = f"axis:{attn}:live"
+        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
+                        lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False))
+        store.cost.minimal_forward_tokens += len(rec.prompt_ids) + max(0, len(tr.generated) - 1)
+        if tr.reason is not None:
+            rec.probes.axes[attn] = {"eligible": False, "reason": tr.reason}
+            continue
+        # this implementation's own trajectory fixes its prefix: live vs prefill under ``attn``
+        head = list(tr.prefix[:-1])
+        dec.path = f"axis:{attn}:prefill"
+        state = dec.build_state(head, [len(head)])
+        fp = kv.fingerprint(state)
+        suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
+        store.cost.minimal_forward_tokens += len(head) + len(suffix)
+        rec.probes.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp, "suffix_equal": suffix == tr.suffix,
+                                 "same_trajectory_as_primary": tr.generated == rec.generated}
+
+
+def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> None:
+    """The item's boundary state computed alone vs as one row of a left-padded batch of others."""
+    import torch
+
+    from .cells import prompt_ids
+
+    b, all_items = store.cfg.batch_size, store.item_set.items
+    index = {it.id: i for i, it in enumerate(all_items)}
+    for item in store.items:
+        rec = store.records[(item.id, dtype)]
+        if index[item.id] >= store.cfg.batch_units or not rec.eligible or rec.unsupported or b < 2:
+            continue
+        head = list(rec.prefix[:-1])
+        others = [all_items[(index[item.id] + j) % len(all_items)] for j in range(1, b)]
+        rows = [head] + [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template)) for o in others]
+        width = max(len(r) for r in rows)
+        pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dec.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = dec.fresh()
+        outcome: dict[str, Any]
+        try:
+            with torch.no_grad():
+                h.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                        **{kv.cache_kwarg(h.model): cache})
+            dec.cost.forward_calls += 1
+            dec.cost.forward_tokens += int(ids.numel())
+            store.cost.minimal_forward_tokens += int(ids.numel())
+            off = width - len(head)
+            mine = [t[0:1, :, off:, :] for k_v in kv.layer_kv(cache) for t in k_v]
+            same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp
+            outcome = {"batch_size": b, "state_equal": same}
+        except (RuntimeError, ValueError, IndexError) as exc:  # a cache layout without a batch of rows
+            outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200]}
+        rec.probes.batch = outcome

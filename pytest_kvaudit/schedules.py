@@ -1,0 +1,73 @@
+"""Constructions as chunk schedules: one registry, one entry per way of building a boundary state.
+
+Every construction fills a fresh cache over ``prefix[:-1]`` in successive forwards whose lengths are its
+*chunk schedule* (``live``/``incremental`` = ``[P, 1, 1, ...]``, ``prefill`` = ``[len]``, ``chunked(c)`` =
+``[c, c, ..., rest]``). Constructions differ in nothing else: a continuation always starts by feeding
+``prefix[-1]`` as one decode step. A new construction is a new entry::
+
+    @register_schedule("halves")
+    def halves(prompt_len, length, arg=None):
+        return [length // 2, length - length // 2]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .errors import KvauditError
+
+#: (prompt_len, length, argument or None) -> chunk lengths summing to length
+ScheduleFn = Callable[[int, int, "int | None"], list[int]]
+
+_SCHEDULES: dict[str, ScheduleFn] = {}
+_NAME = re.compile(r"([a-z_][a-z0-9_]*)(?:\((\d+)\))?")
+
+
+def register_schedule(name: str) -> Callable[[ScheduleFn], ScheduleFn]:
+    def deco(fn: ScheduleFn) -> ScheduleFn:
+        _SCHEDULES[name] = fn
+        return fn
+
+    return deco
+
+
+def known() -> list[str]:
+    return sorted(_SCHEDULES)
+
+
+def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
+    """The chunk lengths of ``construction`` (``name`` or ``name(arg)``) over a ``prefix[:-1]`` of ``length``."""
+    if length < 1:
+        raise KvauditError("a boundary state needs at least one token before the prefix's last one")
+    m = _NAME.fullmatch(construction)
+    if not m or m.group(1) not in _SCHEDULES:
+        raise KvauditError(f"unknown construction {construction!r}: use {', '.join(known())} (chunked takes (C))")
+    arg = int(m.group(2)) if m.group(2) is not None else None
+    chunks = _SCHEDULES[m.group(1)](prompt_len, length, arg)
+    if sum(chunks) != length or any(c < 1 for c in chunks):
+        raise KvauditError(f"construction {construction!r} gave the schedule {chunks}, not positive chunks summing to {length}")
+    return chunks
+
+
+@register_schedule("live")
+@register_schedule("incremental")
+def teacher_forced(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
+    """The prompt in one forward, then one token a forward: how the live cache was built while generating
+    (``live``), and its replay from the recorded ids on a fresh cache (``incremental``, the bridge)."""
+    p = min(prompt_len, length)
+    return [p] + [1] * (length - p)
+
+
+@register_schedule("prefill")
+def prefill(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
+    """One shot of the identical ids: what a stage-replay diagnostic does."""
+    return [length]
+
+
+@register_schedule("chunked")
+def chunked(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
+    """Fixed-size chunks, as serving engines prefill: ``chunked(c)``."""
+    if arg is None or arg < 1:
+        raise KvauditError("chunked(C): the chunk size C must be a positive integer")
+    return [arg] * (length // arg) + ([length % arg] if length % arg else [])

@@ -1,0 +1,155 @@
+"""The run: its config, the store (built on first use, or merged from xdist shards), and the claims
+judged so far. One :class:`KvauditSession` lives on ``config.stash`` and is registered as a plugin."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .config import AuditConfig
+from .errors import KvauditError
+
+if TYPE_CHECKING:
+    from .claims.base import ClaimResult
+    from .store import Store
+
+CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
+
+
+@dataclass
+class KvauditSession:
+    """The run's state: what it is asked to do, what it computed and what its claims said."""
+
+    config: AuditConfig
+    pytest_config: pytest.Config
+    thresholds: dict[str, dict[str, float]]
+    report_path: Path | None = None
+    html_path: Path | None = None
+    baseline: str | None = None
+    store: Store | None = None
+    error: str | None = None
+    claims: dict[str, ClaimResult] = field(default_factory=dict)
+    #: per claim: order, title, key figure and watched rates (and its HTML section when one is asked for)
+    display: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run_info: dict[str, Any] = field(default_factory=dict)
+    shard: tuple[int, int, Path] | None = None  # (index, count, folder) on a sharding xdist worker
+    started: float = field(default_factory=time.perf_counter)
+
+    # -- the store -----------------------------------------------------------------------------
+    def get_store(self) -> Store:
+        """The run's store: computed here, or merged from every xdist worker's shard."""
+        if self.store is None and self.error is None:
+            try:
+                self.store = self._merge_shards() if self.shard else self._compute()
+            except KvauditError as exc:
+                self.error = str(exc)
+        if self.error is not None:
+            pytest.fail(self.error, pytrace=False)
+        assert self.store is not None
+        return self.store
+
+    def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
+        import torch
+
+        from .constructions import NO_FAULTS
+        from .store import Store
+
+        # One CPU thread per process by default: thread count changes the bits of CPU matmuls, and
+        # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
+        torch.set_num_threads(self.config.threads or 1)
+        cfg = self.config
+        if cfg.tf32 is not None:  # recorded in the environment block, so ledgers of the two settings differ
+            torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+            torch.backends.cudnn.allow_tf32 = cfg.tf32
+        if self.shard is not None and cfg.device == "auto" and cfg.device_map is None and torch.cuda.is_available():
+            # one GPU per worker: worker i takes GPU i mod the number of GPUs
+            cfg = cfg.replace(device=f"cuda:{max(0, self.shard[0]) % torch.cuda.device_count()}")
+        faults = self.pytest_config.hook.pytest_kvaudit_faults(config=self.pytest_config) or NO_FAULTS
+        return Store.open(cfg, shard_index, shard_count, faults)
+
+    def _compute(self) -> Store:
+        from .progress import terminal_progress
+
+        store = self._open()
+        store.compute(progress=terminal_progress(self.pytest_config))
+        return store
+
+    def compute_shard(self) -> None:
+        """On an xdist worker, before any test: compute this worker's shard and hand it to the others."""
+        from .xdist_glue import write_shard, write_shard_error
+
+        assert self.shard is not None
+        index, count, folder = self.shard
+        if index < 0:
+            return
+        try:
+            store = self._open(index, count)
+            store.compute()
+            write_shard(folder, index, store.export())
+        except KvauditError as exc:
+            write_shard_error(folder, index, str(exc))
+
+    def _merge_shards(self) -> Store:
+        from .store import Store
+        from .xdist_glue import collect_shards
+
+        assert self.shard is not None
+        _, count, folder = self.shard
+        got = collect_shards(folder, count)
+        if got["error"]:
+            raise KvauditError(got["error"])
+        cfg, item_set = Store.resolve(self.config)
+        return Store.merged(cfg, item_set, got["exports"])
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        if self.shard is not None and not session.config.option.collectonly:
+            self.compute_shard()
+        return (yield)
+
+    # -- the claims ----------------------------------------------------------------------------
+    def record(self, result: ClaimResult, display: dict[str, Any], node: pytest.Item) -> None:
+        """Keep a verdict and ship it in the test report, which xdist carries to the controller."""
+        self.claims[result.name] = result
+        self.display[result.name] = display
+        node.user_properties.append((CLAIM_PROP, json.dumps(result.to_dict(), default=list)))
+        node.user_properties.append((DISPLAY_PROP, json.dumps({"name": result.name, **display})))
+        if self.store is not None and not self.run_info:
+            self.run_info = run_info(self.store, self.config)
+        if self.run_info:
+            node.user_properties.append((RUN_PROP, json.dumps(self.run_info, default=list)))
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect claim results from test reports: the controller sees the workers' claims under xdist."""
+        props = dict(report.user_properties)
+        if CLAIM_PROP not in props or report.when == "teardown":
+            return
+        from .claims.base import ClaimResult
+
+        result = ClaimResult.from_dict(json.loads(str(props[CLAIM_PROP])))
+        self.claims[result.name] = result
+        if DISPLAY_PROP in props:
+            d = json.loads(str(props[DISPLAY_PROP]))
+            self.display[d.pop("name")] = d
+        if RUN_PROP in props and not self.run_info:
+            self.run_info = json.loads(str(props[RUN_PROP]))
+
+
+def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
+    """What the report needs from the store, as plain data (shipped once to the controller)."""
+    from .analyses import build as analyses
+    from .report import items_block
+
+    return {
+        "analyses": analyses(list(store.records.values()), config.sweep_units),
+        "model": store.identity,
+        "environment": store.environment,
+        "items": items_block(store.records.values(), [i.id for i in store.items]),
+        "cost": {k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens", "seconds")},
+    }
