@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cache as kv
+from .chat import chat_prompt_ids
 from .config import EMBEDDED_DIR, AuditConfig, BoundaryRule
 from .constructions import Continuation, Cost, Decoder, continue_greedy, schedule, trajectory
 from .errors import KvauditError, UnsupportedCacheError
@@ -195,12 +196,7 @@ class Store:
             return item.prompt_ids
         assert item.prompt is not None
         if self.cfg.chat_template:
-            ids = h.tokenizer.apply_chat_template(
-                [{"role": "user", "content": item.prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
-            return tuple(int(i) for i in ids)
+            return chat_prompt_ids(h.tokenizer, item.prompt, self.cfg.model)
         return tuple(h.tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
 
     def compute(self, progress: Progress | None = None) -> None:
