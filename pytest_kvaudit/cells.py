@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import cache as kv
+from .chat import chat_prompt_ids
 from .config import AuditConfig, BoundaryRule
 from .constructions import Continuation, Cost, Decoder, continue_greedy, trajectory
 from .errors import UnsupportedCacheError
@@ -151,18 +152,13 @@ def sweep_subsets(n_layers: int) -> list[tuple[tuple[int, ...] | None, str]]:
     return uniq
 
 
-def prompt_ids(item: Item, tokenizer: Any, chat_template: bool) -> tuple[int, ...]:
+def prompt_ids(item: Item, tokenizer: Any, chat_template: bool, model: str | None = None) -> tuple[int, ...]:
     """The item's prompt as ids: given, or encoded (in the chat template when asked)."""
     if item.prompt_ids is not None:
         return item.prompt_ids
     assert item.prompt is not None
     if chat_template:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": item.prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict):
-            ids = ids["input_ids"]
-        return tuple(int(i) for i in ids)
+        return chat_prompt_ids(tokenizer, item.prompt, model)
     return tuple(tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
 
 
@@ -183,7 +179,7 @@ class CellBuilder:
                 sweep: bool) -> tuple[CellRecord, tuple[int, ...] | None]:
         """The cell of ``item`` at ``dtype``; also returns its prefix (None when ineligible)."""
         rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
-        prompt = prompt_ids(item, self.tok, self.cfg.chat_template)
+        prompt = prompt_ids(item, self.tok, self.cfg.chat_template, self.cfg.model)
         rec, tr = self.trajectory(item, dtype, prompt, rule)
         if tr.reason is not None:
             return rec, None

@@ -57,7 +57,7 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
             continue
         head = list(rec.prefix[:-1])
         others = [all_items[(index[item.id] + j) % len(all_items)] for j in range(1, b)]
-        rows = [head] + [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template)) for o in others]
+        rows = [head] + [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
         width = max(len(r) for r in rows)
         pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)

@@ -104,7 +104,7 @@ class Store:
         return self._handles[key]
 
     def prompt_ids(self, item: Item, h: ModelHandle) -> tuple[int, ...]:
-        return prompt_ids(item, h.tokenizer, self.cfg.chat_template)
+        return prompt_ids(item, h.tokenizer, self.cfg.chat_template, self.cfg.model)
 
     # -- computing -----------------------------------------------------------------------------
     def compute(self, progress: Progress | None = None) -> None:

@@ -13,6 +13,12 @@ from typing import Any
 
 CHARS = list("0123456789+=;|AS:")
 SPECIALS = ["<pad>", "<eos>"]
+#: A chat template for the char tokenizer that renders only characters in its vocabulary (one token each),
+#: so tests can write the expected ids by hand: every turn's content then ";", and "A:" to prompt a reply.
+CHAR_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }};{% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}"
+)
 
 #: architecture -> (config class name, extra config kwargs)
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -34,8 +40,11 @@ def char_vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
 
 
-def save_char_tokenizer(out: Path) -> Any:
-    """A character-level fast tokenizer (one token per character) saved with ``save_pretrained``."""
+def save_char_tokenizer(out: Path, chat_template: bool = False) -> Any:
+    """A character-level fast tokenizer (one token per character) saved with ``save_pretrained``.
+
+    ``chat_template`` saves ``CHAR_CHAT_TEMPLATE`` with it, for tests of ``--kvaudit-chat-template``.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,6 +52,8 @@ def save_char_tokenizer(out: Path) -> Any:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<pad>")
+    if chat_template:
+        fast.chat_template = CHAR_CHAT_TEMPLATE
     fast.save_pretrained(str(out))
     return fast
 
@@ -65,8 +76,11 @@ def write_items(out: Path, n: int = 16, boundary: str = "tokens:4", max_new_toke
 
 def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 32,
                     n_items: int = 16, boundary: str = "tokens:4", max_new_tokens: int = 24,
-                    safetensors: bool = True) -> Path:
-    """Write a random ``arch`` checkpoint with tokenizer and items to ``out``; return ``out``."""
+                    safetensors: bool = True, chat_template: bool = False) -> Path:
+    """Write a random ``arch`` checkpoint with tokenizer and items to ``out``; return ``out``.
+
+    ``chat_template`` gives the tokenizer ``CHAR_CHAT_TEMPLATE`` (without it the tokenizer has none).
+    """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -93,6 +107,6 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers:
         for f in out.glob("*.safetensors"):
             f.unlink()
         torch.save(model.state_dict(), out / "pytorch_model.bin")
-    save_char_tokenizer(out)
+    save_char_tokenizer(out, chat_template)
     write_items(out, n_items, boundary, max_new_tokens)
     return out

@@ -1,0 +1,108 @@
+"""The built-in item set, for checkpoints that ship no ``items.jsonl``.
+
+A checkpoint without an item set must still get a run whose figures mean the same on every machine,
+so the items are generated, not sampled at run time: a ``random.Random(0)`` stream drawn in a fixed
+order, which Python guarantees to reproduce across platforms and versions. The prompts are short
+plain-ASCII arithmetic questions (any tokenizer encodes them, none needs a special token), each in the
+same ``Q: ...`` / ``A:`` shape so that the first integer a model writes is its answer. The boundary is a
+token offset, ``tokens:8``, because a marker such as ``</think>`` is one that most checkpoints never
+write: every trajectory that generates eight tokens reaches it, so no item is ineligible for want of a
+marker.
+
+Importing this module is cheap (no torch, no pytest): the plugin may build the set while collecting.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import KvauditError
+from .items import Item, ItemSet
+
+#: How reports and ledgers name this set; bump the version whenever the generated items change.
+BUILTIN_NAME = "builtin:arith-v1"
+#: ``ItemSet.path`` of the built-in set: not a file, but a name that reads as one in messages.
+BUILTIN_PATH = Path(f"<{BUILTIN_NAME}>")
+#: Items in the set when no count is asked for.
+BUILTIN_SIZE = 64
+#: The most items the generator is asked for; every kind of question still has unused prompts there.
+BUILTIN_MAX = 1000
+#: A token offset every model reaches, since it counts generated tokens rather than looking for text.
+BUILTIN_BOUNDARY = "tokens:8"
+#: Room for the answer and some continuation after the boundary, without long decodes on a CPU.
+BUILTIN_MAX_NEW_TOKENS = 32
+#: The first integer the model writes: every prompt ends in ``A:``, so that is where the answer goes.
+BUILTIN_ANSWER_REGEX = r"(-?\d+)"
+
+
+def _add(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return f"Q: {a} + {b} = ?\nA:", a + b
+
+
+def _sub(rng: random.Random) -> tuple[str, int]:
+    a = rng.randint(20, 99)
+    b = rng.randint(1, a)
+    return f"Q: {a} - {b} = ?\nA:", a - b
+
+
+def _mul(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    return f"Q: {a} * {b} = ?\nA:", a * b
+
+
+def _next(rng: random.Random) -> tuple[str, int]:
+    start, step, length = rng.randint(0, 99), rng.randint(1, 9), rng.randint(4, 6)
+    seq = " ".join(str(start + step * j) for j in range(length))
+    return f"Q: what comes next: {seq} ?\nA:", start + step * length
+
+
+#: Kinds in the order they take turns, so that any head of the set mixes all of them.
+_KINDS: tuple[tuple[str, Callable[[random.Random], tuple[str, int]]], ...] = (
+    ("add", _add), ("sub", _sub), ("mul", _mul), ("next", _next),
+)
+
+
+def _generate(count: int) -> tuple[Item, ...]:
+    """The first ``count`` items of one fixed stream: a longer set starts with every shorter one.
+
+    A prompt drawn twice is drawn again (the set holds no duplicate prompt); the redraw consumes the
+    same stream, so this does not break the prefix property.
+    """
+    rng = random.Random(0)
+    seen: set[str] = set()
+    items: list[Item] = []
+    while len(items) < count:
+        i = len(items)
+        kind, draw = _KINDS[i % len(_KINDS)]
+        prompt, answer = draw(rng)
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        items.append(Item(id=f"arith-{i:04d}-{kind}", answer=str(answer), prompt=prompt))
+    return tuple(items)
+
+
+def builtin_item_set(n: int | None = None) -> ItemSet:
+    """The built-in set's first ``n`` items (``BUILTIN_SIZE`` when ``n`` is None), identical everywhere.
+
+    ``n`` may exceed ``BUILTIN_SIZE`` (up to ``BUILTIN_MAX``) because the items come from a generator:
+    ``--kvaudit-n=200`` on a checkpoint without items should run 200 units, not fail.
+    """
+    count = BUILTIN_SIZE if n is None else n
+    if count < 1:
+        raise KvauditError(f"--kvaudit-n={count}: must be at least 1")
+    if count > BUILTIN_MAX:
+        raise KvauditError(
+            f"--kvaudit-n={count} but the built-in item set ({BUILTIN_NAME}) holds at most {BUILTIN_MAX} items: "
+            "lower --kvaudit-n or pass --kvaudit-items=FILE.jsonl"
+        )
+    return ItemSet(
+        path=BUILTIN_PATH,
+        items=_generate(count),
+        boundary=BUILTIN_BOUNDARY,
+        answer_regex=BUILTIN_ANSWER_REGEX,
+        max_new_tokens=BUILTIN_MAX_NEW_TOKENS,
+    )
