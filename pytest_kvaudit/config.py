@@ -16,6 +16,19 @@ EMBEDDED_DIR = next(
     PACKAGE_DIR.parent / "fixtures" / "embedded",
 )
 
+# The built-in claims: the package's suites/ in a wheel, the repository's suites/ in a clone (their home).
+SUITES_DIR = next(
+    (p for p in (PACKAGE_DIR / "suites", PACKAGE_DIR.parent / "suites") if (p / "__init__.py").is_file()),
+    PACKAGE_DIR / "suites",
+)
+# The embedded checkpoint's recorded ledger, shipped so that a first run from a wheel audits against it.
+EMBEDDED_SNAPSHOTS = next(
+    (p for p in (PACKAGE_DIR / "embedded_snapshots", PACKAGE_DIR.parent / "snapshots" / "embedded") if p.is_dir()),
+    PACKAGE_DIR / "embedded_snapshots",
+)
+#: what --kvaudit-model=embedded names
+EMBEDDED_NAME = "embedded"
+
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16",

@@ -75,5 +75,7 @@ class Judge:
         if result.status == claims.FAIL:
             pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
         if result.status == claims.INCONCLUSIVE:
+            if self.session.strict:
+                pytest.fail(f"{result.name} inconclusive under --kvaudit-strict: {result.reason}", pytrace=False)
             pytest.skip(f"{result.name} inconclusive: {result.reason}")
         return result

@@ -24,7 +24,7 @@ MODEL_FIELDS = ("architecture", "num_layers", "weights_digest", "config_digest")
 #: run settings that decide what was computed
 CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes")
 #: environment fields that decide bit-exactness: a full audit refuses when any differs
-ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "attn_implementation",
+ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa", "attn_implementation",
               "num_threads", "deterministic_algorithms", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision")
 TOKEN_FIELDS = ("generated", "boundary", "reason", "prompt_ids_digest")
 CONTINUATION_TOKEN_FIELDS = ("suffix", "label")

@@ -164,7 +164,8 @@ def environment(device: str) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "device": device,
+        # the kind, not the index: cuda:0 and cuda:1 of one machine are one environment (the name says which GPU)
+        "device": device.split(":")[0],
         "device_name": platform.processor() or platform.machine(),
         "cuda": torch.version.cuda,
         "num_threads": torch.get_num_threads(),
@@ -174,6 +175,7 @@ def environment(device: str) -> dict[str, Any]:
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cpu_capability": _cpu_capability(),
+        "cpu_isa": _cpu_isa(),
     }
     if device.startswith("cuda"):
         env["device_name"] = torch.cuda.get_device_name(device)
@@ -183,6 +185,23 @@ def environment(device: str) -> dict[str, Any]:
             "math": torch.backends.cuda.math_sdp_enabled(),
         }
     return env
+
+
+def _cpu_isa() -> str:
+    """The CPU extensions torch's kernels (oneDNN) may pick up beyond the dispatch level: AMX tiles and
+    AVX512-BF16 change BF16 matmul bits on two CPUs that both report AVX512 (seen on this project's own
+    ledger), so they are part of a ledger's identity."""
+    import torch
+
+    found = []
+    for name in ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16"):
+        probe = getattr(torch.cpu, f"_is_{name}_supported", None)
+        try:
+            if probe is not None and probe():
+                found.append(name)
+        except Exception:
+            pass
+    return "+".join(found) or "none"
 
 
 def _cpu_capability() -> str:

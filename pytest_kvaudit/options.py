@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .config import AuditConfig, BoundaryRule, parse_chunks, parse_device, parse_dtypes
+from .config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule, parse_chunks, parse_device, parse_dtypes
 from .errors import KvauditError
 
 MODEL = "--kvaudit-model"
@@ -36,6 +36,8 @@ SNAPSHOTS = "--kvaudit-snapshots"
 BASELINE = "--kvaudit-baseline"
 HTML = "--kvaudit-html"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
+STRICT = "--kvaudit-strict"
+CLAIMS = "--kvaudit-claims"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
@@ -59,12 +61,14 @@ VALUE_OPTIONS: dict[str, str] = {
     BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
+    CLAIMS: "comma list of built-in claims to run (e.g. donor_following,bridge_bitexact), or none: only your own",
 }
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
     ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
     CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
     LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
+    STRICT: "a CI gate: an inconclusive claim fails, saying what evidence was missing",
 }
 
 
@@ -107,7 +111,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
     try:
         kw: dict[str, Any] = {}
         if (m := value(config, MODEL)) is not None:
-            kw["model"] = m
+            kw["model"] = str(EMBEDDED_DIR) if m == EMBEDDED_NAME else m
         kw["items"] = value(config, ITEMS)
         kw["n"] = _int(config, N)
         kw["dtypes"] = parse_dtypes(value(config, DTYPES) or "bf16,fp32")
@@ -137,6 +141,26 @@ def build_config(config: pytest.Config) -> AuditConfig:
         return AuditConfig().replace(**kw)
     except KvauditError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
+    """--kvaudit-claims: None (not given), ("all",), () for none, or the names, checked against the built-ins."""
+    v = value(config, CLAIMS)
+    if v is None:
+        return None
+    names = tuple(n.strip() for n in v.split(",") if n.strip())
+    if names in (("none",), ()):
+        return ()
+    if names == ("all",):
+        return names
+    from .claims import registered
+
+    known = [c.name for c in registered()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise pytest.UsageError(f"{CLAIMS}: unknown claim {', '.join(map(repr, unknown))}; built-in claims are "
+                                f"{', '.join(known)} (or all, or none to run only your own)")
+    return names
 
 
 def parse_thresholds(lines: list[str]) -> dict[str, dict[str, float]]:

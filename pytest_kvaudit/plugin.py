@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from . import options as opt
-from .config import AuditConfig
+from .config import SUITES_DIR, AuditConfig
 from .session import KvauditSession
 
 if TYPE_CHECKING:
@@ -45,15 +45,59 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     rp, hp = opt.value(config, opt.REPORT), opt.value(config, opt.HTML)
     sess = KvauditSession(opt.build_config(config), config, opt.parse_thresholds(config.getini(opt.THRESHOLDS_INI)),
-                          Path(rp) if rp else None, Path(hp) if hp else None, opt.value(config, opt.BASELINE))
+                          Path(rp) if rp else None, Path(hp) if hp else None, opt.value(config, opt.BASELINE),
+                          strict=opt.flag(config, opt.STRICT))
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
+    sess.selection = opt.claim_selection(config)
+    if _wants_builtin_claims(config, sess.selection):
+        suites = str(SUITES_DIR)
+        if suites not in config.args:  # xdist workers run this too, from the same invocation args
+            config.args.append(suites)
     if config.pluginmanager.hasplugin("xdist"):
         from .xdist_glue import XdistController, worker_shard
 
         sess.shard = worker_shard(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             config.pluginmanager.register(XdistController(), "kvaudit-xdist")
+
+
+def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
+    """The built-in claims join a run that names a model or a claim selection, unless it names its own test
+    paths (then ``--kvaudit-claims`` adds them) or selects none: ``pytest --kvaudit-model=CKPT`` audits
+    from any directory, and a project's own ``pytest`` run is left alone."""
+    if selection == ():
+        return False
+    if selection is not None:
+        return True
+    named = opt.value(config, opt.MODEL) is not None
+    return named and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _claim_name(item: pytest.Item) -> str | None:
+    m = item.get_closest_marker("kvaudit_claim")
+    return str(m.args[0]) if m is not None and m.args else None
+
+
+@pytest.hookimpl
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each claim once: a built-in claim that a collected file already holds (a clone's suites/, a copy) is
+    dropped; ``--kvaudit-claims`` picks among the built-in ones."""
+    sel = config.stash[SESSION_KEY].selection
+    seen: set[str] = set()
+    keep, drop = [], []
+    for item in items:
+        name = _claim_name(item)
+        builtin = Path(str(item.path)).parent == SUITES_DIR
+        if name is not None and (name in seen or (builtin and sel is not None and sel != ("all",) and name not in sel)):
+            drop.append(item)
+            continue
+        if name is not None:
+            seen.add(name)
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.hookimpl
@@ -161,6 +205,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if sess.report_path is not None:
         atomic_write_text(sess.report_path, dumps(rep))
+    base = rep.get("baseline", {})
+    if (base.get("error") or base.get("regressions")) and session.exitstatus == pytest.ExitCode.OK:
+        # the gate: a regression from the baseline (or a baseline that could not be read) fails the run
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if sess.html_path is not None:
         from .html import write
 

@@ -1,39 +1,134 @@
-"""Progress while the store computes, through pytest's terminal reporter (so it shows under capture)."""
+"""Progress while stores compute: items done of total per precision, tokens per second, time left.
+
+A store reports a :class:`Tally` as it goes. In one process the callback prints it at once; on an xdist
+worker it is written to the shard folder (atomically, at most twice a second) and the controller's
+:class:`ShardProgress` thread adds the workers' tallies up and prints them. Printing goes through pytest's
+terminal reporter: one line rewritten in place on a terminal, a line every tenth of the work in a log,
+nothing under ``-q``.
+"""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 
-def terminal_progress(config: pytest.Config) -> Callable[[int, int, int, float], None] | None:
-    """A callback ``(done, total, tokens, seconds)``: one line rewritten in place on a terminal, a line
-    every tenth of the work in a log; None on an xdist worker or without a terminal reporter."""
-    tr: Any = config.pluginmanager.get_plugin("terminalreporter")
-    cap: Any = config.pluginmanager.get_plugin("capturemanager")
-    if tr is None or hasattr(config, "workerinput"):
-        return None
-    tty = bool(getattr(tr, "isatty", False))
-    state = {"shown": 0.0, "decile": 0}
+@dataclass
+class Tally:
+    """How far one store (or all shards together) is: cells done per precision, of ``items`` each."""
 
-    def show(done: int, total: int, tokens: int, seconds: float) -> None:
-        decile = done * 10 // total
-        if done < total and ((tty and seconds - state["shown"] < 0.5) or (not tty and decile == state["decile"])):
+    dtypes: list[str]
+    items: int
+    done: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def fraction(self) -> float:
+        total = self.items * len(self.dtypes)
+        return sum(self.done.values()) / total if total else 1.0
+
+    def line(self) -> str:
+        per = ", ".join(f"{d} {self.done.get(d, 0)}/{self.items}" for d in self.dtypes)
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        f = self.fraction
+        left = self.seconds * (1 - f) / f if f > 0 else 0.0
+        return f"kvaudit: items done {per}; {rate:,.0f} tokens/s; ~{left:.0f}s left"
+
+    @classmethod
+    def total(cls, tallies: list[Tally]) -> Tally:
+        t = cls(list(tallies[0].dtypes), sum(x.items for x in tallies))
+        for x in tallies:
+            for d, n in x.done.items():
+                t.done[d] = t.done.get(d, 0) + n
+            t.tokens += x.tokens
+        t.seconds = max(x.seconds for x in tallies)
+        return t
+
+
+Progress = Callable[[Tally], None]
+
+
+class Printer:
+    """Prints tallies through the terminal reporter, throttled; ``None`` from :func:`printer` when quiet."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.tr: Any = config.pluginmanager.get_plugin("terminalreporter")
+        self.cap: Any = config.pluginmanager.get_plugin("capturemanager")
+        self.tty = bool(getattr(self.tr, "isatty", False))
+        self.shown, self.decile, self.finished = 0.0, -1, False
+
+    def __call__(self, t: Tally) -> None:
+        done = t.fraction >= 1.0
+        if not t.done and t.items:
+            return  # a share announcing its size: nothing to show yet
+        decile = int(t.fraction * 10)
+        now = time.monotonic()
+        if self.finished or (not done and ((self.tty and now - self.shown < 0.5) or (not self.tty and decile == self.decile))):
             return
-        state["shown"], state["decile"] = seconds, decile
-        rate = tokens / seconds if seconds > 0 else 0.0
-        left = seconds / done * (total - done) if done else 0.0
-        msg = f"kvaudit: {done}/{total} item x precision cells, {rate:,.0f} tokens/s, ~{left:.0f}s left"
-        with cap.global_and_fixture_disabled() if cap is not None else nullcontext():
-            if tty:
-                tr.rewrite(msg, erase=True)
-                if done == total:
-                    tr.write_line("")
+        self.shown, self.decile, self.finished = now, decile, done
+        with self.cap.global_and_fixture_disabled() if self.cap is not None else nullcontext():
+            if self.tty:
+                self.tr.rewrite(t.line(), erase=True)
+                if done:
+                    self.tr.write_line("")
             else:
-                tr.ensure_newline()
-                tr.write_line(msg)
+                self.tr.ensure_newline()
+                self.tr.write_line(t.line())
 
-    return show
+
+def printer(config: pytest.Config) -> Printer | None:
+    if config.pluginmanager.get_plugin("terminalreporter") is None or config.get_verbosity() < 0:
+        return None
+    return Printer(config)
+
+
+def shard_writer(folder: Path, index: int) -> Progress:
+    """On an xdist worker: the tally to ``progress-<index>.json``, at most twice a second."""
+    from .report import atomic_write_text
+
+    last = [0.0]
+
+    def write(t: Tally) -> None:
+        now = time.monotonic()
+        if t.fraction < 1.0 and now - last[0] < 0.5:
+            return
+        last[0] = now
+        atomic_write_text(folder / f"progress-{index}.json", json.dumps(asdict(t)))
+
+    return write
+
+
+class ShardProgress:
+    """On the xdist controller: a thread that adds up the workers' progress files and prints them."""
+
+    def __init__(self, folder: Path, show: Printer) -> None:
+        self.folder, self.show = folder, show
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kvaudit-progress", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            tallies = []
+            for p in sorted(self.folder.glob("progress-*.json")):
+                try:
+                    tallies.append(Tally(**json.loads(p.read_text())))
+                except (OSError, ValueError, TypeError):
+                    continue  # a worker is replacing it right now
+            if tallies:
+                self.show(Tally.total(tallies))

@@ -147,7 +147,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
             changes.append({"claim": name, "kind": "new", "now": c["status"]})
             continue
         if b["status"] != c["status"]:
-            kind = "regression" if b["status"] == "pass" and c["status"] == "fail" else "verdict"
+            kind = "regression" if b["status"] == "pass" else "verdict"  # passed before, and does not now
             changes.append({"claim": name, "kind": kind, "was": b["status"], "now": c["status"]})
         old, new = _rates(baseline, name), _rates(current, name)
         for key, (k, n) in new.items():
@@ -158,4 +158,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str
             if not lo <= rate <= hi:
                 changes.append({"claim": name, "kind": "rate", "figure": key, "was": list(old[key]),
                                 "now": [k, n], "baseline_interval": [lo, hi]})
-    return {"model_was": baseline.get("model", {}).get("weights_digest"), "changes": changes}
+    for name in sorted(set(baseline["claims"]) - set(current["claims"])):
+        changes.append({"claim": name, "kind": "missing", "was": baseline["claims"][name]["status"]})
+    regressions = [c for c in changes if c["kind"] in ("regression", "rate")]
+    return {"model_was": baseline.get("model", {}).get("weights_digest"), "changes": changes,
+            "regressions": len(regressions)}

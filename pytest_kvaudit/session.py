@@ -31,6 +31,8 @@ class KvauditSession:
     report_path: Path | None = None
     html_path: Path | None = None
     baseline: str | None = None
+    strict: bool = False  # --kvaudit-strict: inconclusive is a failure
+    selection: tuple[str, ...] | None = None  # --kvaudit-claims: None, ("all",), () or names
     store: Store | None = None
     error: str | None = None
     claims: dict[str, ClaimResult] = field(default_factory=dict)
@@ -73,10 +75,10 @@ class KvauditSession:
         return Store.open(cfg, shard_index, shard_count, faults)
 
     def _compute(self) -> Store:
-        from .progress import terminal_progress
+        from .progress import printer
 
         store = self._open()
-        store.compute(progress=terminal_progress(self.pytest_config))
+        store.compute(progress=printer(self.pytest_config))
         return store
 
     def compute_shard(self) -> None:
@@ -87,9 +89,11 @@ class KvauditSession:
         index, count, folder = self.shard
         if index < 0:
             return
+        from .progress import shard_writer
+
         try:
             store = self._open(index, count)
-            store.compute()
+            store.compute(progress=shard_writer(folder, index))
             write_shard(folder, index, store.export())
         except KvauditError as exc:
             write_shard_error(folder, index, str(exc))
@@ -108,7 +112,8 @@ class KvauditSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
-        if self.shard is not None and not session.config.option.collectonly:
+        # a worker computes its shard only when the run holds a kvaudit test: an unrelated -n run costs nothing
+        if self.shard is not None and not session.config.option.collectonly and any(map(uses_store, session.items)):
             self.compute_shard()
         return (yield)
 
@@ -141,6 +146,22 @@ class KvauditSession:
             self.run_info = json.loads(str(props[RUN_PROP]))
 
 
+def item_set_name(store: Store) -> str:
+    """The item set as a report names it: its file, or the built-in set's name."""
+    from .config import EMBEDDED_DIR, EMBEDDED_NAME
+
+    path = store.item_set.path
+    p = str(path)
+    if p.startswith("<") and p.endswith(">"):
+        return p[1:-1]
+    return f"{EMBEDDED_NAME}:{path.name}" if path.resolve().parent == EMBEDDED_DIR.resolve() else p
+
+
+def uses_store(item: pytest.Item) -> bool:
+    """A kvaudit test: one that reads the store (``kvaudit_judge`` and ``kvaudit_records`` do)."""
+    return "kvaudit_store" in getattr(item, "fixturenames", ())
+
+
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller)."""
     from .analyses import build as analyses
@@ -150,6 +171,7 @@ def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
         "analyses": analyses(list(store.records.values()), config.sweep_units),
         "model": store.identity,
         "environment": store.environment,
-        "items": items_block(store.records.values(), [i.id for i in store.items]),
-        "cost": {k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens", "seconds")},
+        "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store)},
+        "cost": {**{k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens",
+                                                        "seconds")}, "stages": dict(store.stages)},
     }

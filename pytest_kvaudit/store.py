@@ -8,6 +8,7 @@ JSON-serialises, so xdist workers can ship their shard to the controller.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -22,10 +23,11 @@ from .constructions import NO_FAULTS, Cost, Decoder, Faults
 from .errors import KvauditError
 from .items import Item, ItemSet, load_item_set
 from .loading import ModelHandle, environment, open_model, resolve_checkpoint
+from .progress import Tally
 
 __all__ = ["CellRecord", "Progress", "Store", "Transplant", "shard", "sweep_subsets"]
 
-Progress = Callable[[int, int, int, float], None]  # done, total, tokens, seconds
+Progress = Callable[[Tally], None]
 
 
 def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
@@ -49,6 +51,7 @@ class Store:
         self.environment: dict[str, Any] = {}
         self.computed = False
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
+        self.stages: dict[str, float] = {}  # seconds per precision: model load, its cells and probes
         self._handles: dict[str, ModelHandle] = {}
 
     @staticmethod
@@ -57,6 +60,13 @@ class Store:
         local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
         if not cfg.items and (local / "items.jsonl").is_file():
             cfg = cfg.replace(items=str(local / "items.jsonl"))
+        if not cfg.items:  # a checkpoint without an item set: the built-in one, named in the report
+            from .builtin_items import builtin_item_set
+
+            iset = builtin_item_set(cfg.n)
+            over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
+                                      ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
+            return cfg, dataclasses.replace(iset, **over)
         return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
 
     @classmethod
@@ -76,6 +86,8 @@ class Store:
             for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens"):
                 setattr(s.cost, k, getattr(s.cost, k) + e["cost"][k])
             s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
+            for k, v in e.get("stages", {}).items():
+                s.stages[k] = max(s.stages.get(k, 0.0), v)
             s.identity = s.identity or e["identity"]
             s.environment = s.environment or e["environment"]
         for dtype in cfg.dtypes:
@@ -111,11 +123,13 @@ class Store:
         if self.computed:
             return
         t0 = time.perf_counter()
-        total = len(self.items) * len(self.cfg.dtypes)
-        done = 0
+        tally = Tally(list(self.cfg.dtypes), len(self.items))
+        if progress is not None:
+            progress(tally)  # the share's size, before the first model loads
         fixed_prefix: dict[str, tuple[int, ...] | None] = {}
         donors_left, sweeps_left = self.cfg.donor_max_units, self.cfg.sweep_units
         for dtype in self.cfg.dtypes:
+            t_stage = time.perf_counter()
             h = self.handle(dtype)
             if not self.identity:
                 self.identity = dict(h.identity)
@@ -132,12 +146,14 @@ class Store:
                     donors_left -= 1
                     sweeps_left -= 1
                 self.records[(item.id, dtype)] = rec
-                done += 1
+                tally.done[dtype] = tally.done.get(dtype, 0) + 1
+                tally.tokens, tally.seconds = self.cost.forward_tokens, time.perf_counter() - t0
                 if progress is not None:
-                    progress(done, total, self.cost.forward_tokens, time.perf_counter() - t0)
+                    progress(tally)
             probes.batch_invariance(self, dec, h, dtype)
             for attn in self.cfg.attn_axes:
                 probes.attention_axis(self, dtype, attn)
+            self.stages[dtype] = round(time.perf_counter() - t_stage, 3)
         self._handles.clear()
         gc.collect()
         self.cost.seconds = round(time.perf_counter() - t0, 3)
@@ -183,6 +199,7 @@ class Store:
             "cost": asdict(self.cost),
             "identity": self.identity,
             "environment": self.environment,
+            "stages": self.stages,
         }
 
 

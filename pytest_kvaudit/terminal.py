@@ -57,9 +57,12 @@ def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
         if ch["kind"] == "rate":
             (k0, n0), (k1, n1) = ch["was"], ch["now"]
             lo, hi = ch["baseline_interval"]
-            out.append(f"{ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the baseline's [{lo:.3f}, {hi:.3f}]")
+            out.append(f"REGRESSION {ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the "
+                       f"baseline's 95% interval [{lo:.3f}, {hi:.3f}]")
         elif ch["kind"] == "new":
             out.append(f"{ch['claim']}: new claim, {ch['now']}")
+        elif ch["kind"] == "missing":
+            out.append(f"{ch['claim']}: in the baseline ({ch['was']}), not judged in this run")
         else:
             tag = "REGRESSION " if ch["kind"] == "regression" else ""
             out.append(f"{tag}{ch['claim']}: {ch['was']} -> {ch['now']}")

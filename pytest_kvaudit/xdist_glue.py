@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from .progress import ShardProgress, printer
 from .report import atomic_write_text
 
 SHARD_DIR = "kvaudit_shard_dir"
@@ -29,6 +30,19 @@ class XdistController:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="kvaudit-shards-"))
+        self.progress: ShardProgress | None = None
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        show = printer(session.config)
+        if show is not None:  # prints only once workers write progress, i.e. when kvaudit tests run
+            self.progress = ShardProgress(self.dir, show)
+            self.progress.start()
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self.progress.close()
 
     @pytest.hookimpl
     def pytest_configure_node(self, node: Any) -> None:

@@ -8,6 +8,15 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+
+@pytest.fixture(autouse=True)
+def _own_claims_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Self-tests run the claim files they lay out; the built-in suite joins only where a test asks for it
+    (the ``builtin_claims`` fixture), as it would join a user's ``pytest --kvaudit-model=...`` run."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts: set it after
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--kvaudit-claims=none")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

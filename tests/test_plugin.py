@@ -89,7 +89,7 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
     assert set(data) >= {"model", "environment", "items", "claims", "analyses", "cost"}
     assert data["model"]["architecture"] == "LlamaForCausalLM" and data["model"]["num_layers"] == 2
     assert data["model"]["weights_digest"].startswith("sha256:")
-    assert data["items"] == {"total": 8, "eligible": 8, "ineligible": {}}
+    assert data["items"] == {"total": 8, "eligible": 8, "ineligible": {}, "set": str(tiny_llama / "items.jsonl")}
     for name in ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following"):
         c = data["claims"][name]
         assert set(c) >= {"status", "n", "k", "interval", "reason", "figures"}
@@ -194,7 +194,8 @@ def baseline_claims(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) 
             shutil.copy(f, d / f.name)
     (d / "pytest.ini").write_text(LOW_BARS)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--kvaudit-model={tiny_llama}",
-                    "--kvaudit-n=8", f"--kvaudit-report={d / 'r.json'}"], cwd=d, check=True, capture_output=True)
+                    "--kvaudit-n=8", f"--kvaudit-report={d / 'r.json'}", "--kvaudit-claims=none"], cwd=d, check=True,
+                   capture_output=True)
     return json.loads((d / "r.json").read_text())
 
 
