@@ -31,6 +31,10 @@ from .schedules import schedule
 
 #: the constructions every cell computes besides ``live``; ``--kvaudit-chunks`` adds ``chunked(c)``
 BASE_CONSTRUCTIONS = ("prefill", "incremental")
+#: ineligible: prompt + max_new_tokens exceed the model's position limit
+TOO_LONG = "too_long"
+#: how much of a generation that missed its boundary the report shows
+TAIL_TOKENS, TAIL_CHARS = 48, 120
 
 
 @dataclass
@@ -89,6 +93,8 @@ class CellRecord:
     probes: Probes = field(default_factory=Probes)
     unsupported: str | None = None  # why K/V operations do not apply to this model
     error: str | None = None  # an error on this item alone (out of memory), the run went on
+    #: the end of what the model generated, decoded, when it never reached the boundary (for the report)
+    generated_tail: str | None = None
 
     @property
     def eligible(self) -> bool:
@@ -166,8 +172,9 @@ class CellBuilder:
     """Computes cells at one precision with one decoder; each step below is one method."""
 
     def __init__(self, dec: Decoder, tokenizer: Any, cfg: AuditConfig, item_set: ItemSet,
-                 transplant: Callable[[Any, Any, Any, str], Any] | None = None) -> None:
+                 transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
+        self.max_positions = max_positions
         self.cost: Cost = dec.cost
         self.transplant_fn = transplant or kv.transplant
 
@@ -180,6 +187,9 @@ class CellBuilder:
         """The cell of ``item`` at ``dtype``; also returns its prefix (None when ineligible)."""
         rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
         prompt = prompt_ids(item, self.tok, self.cfg.chat_template, self.cfg.model)
+        if self.max_positions is not None and len(prompt) + self.item_set.max_new_tokens > self.max_positions:
+            # positions past the model's limit: no forward at all (a huge prompt must not hang the run)
+            return CellRecord(item.id, dtype, prompt, (), None, TOO_LONG, item.answer), None
         rec, tr = self.trajectory(item, dtype, prompt, rule)
         if tr.reason is not None:
             return rec, None
@@ -200,6 +210,8 @@ class CellBuilder:
         tr = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode, keep_state=True)
         rec = CellRecord(item.id, dtype, tr.prompt_ids, tr.generated, tr.boundary, tr.reason, item.answer)
         self.cost.minimal_forward_tokens += len(prompt) + max(0, len(tr.generated) - 1)
+        if tr.boundary is None:
+            rec.generated_tail = self.decode(tr.generated[-TAIL_TOKENS:])[-TAIL_CHARS:]
         if tr.reason is None:
             try:
                 kv.check_plain_kv(tr.state)

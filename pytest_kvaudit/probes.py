@@ -57,7 +57,10 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
             continue
         head = list(rec.prefix[:-1])
         others = [all_items[(index[item.id] + j) % len(all_items)] for j in range(1, b)]
-        rows = [head] + [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
+        other_rows = [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
+        rows = [head] + [r for r in other_rows if h.max_positions is None or len(r) <= h.max_positions]
+        if len(rows) < 2:  # every other prompt is too long to share a batch with
+            continue
         width = max(len(r) for r in rows)
         pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)
