@@ -290,6 +290,23 @@ def test_too_long_and_unreached_items_are_counted_and_listed(tiny_llama: Path, t
     assert unreached and unreached[0]["reason"] == "boundary_not_reached"
     assert isinstance(unreached[0]["generated_tail"], str) and unreached[0]["generated_tail"]
     assert block["eligible"] == block["total"] - sum(block["ineligible"].values())
+    assert store.records[("huge", "fp32")].prompt_ids == (), "judged too long from its characters, never tokenized"
+    assert len(store.records[("edge", "fp32")].prompt_ids) == 106
+
+
+def test_the_untokenized_length_bound_never_calls_a_fitting_prompt_too_long() -> None:
+    from pytest_kvaudit.cells import surely_too_long
+    from pytest_kvaudit.items import Item
+
+    def item(text: str) -> Item:
+        return Item(id="x", answer="1", prompt=text)
+
+    assert surely_too_long(item("ab" * 1000), per_token=20, limit=10)
+    assert not surely_too_long(item("ab" * 100), per_token=20, limit=10)  # 200 chars: tokenize to know
+    # whitespace and control characters that a tokenizer may drop do not count
+    assert not surely_too_long(item("a" + " " * 10_000 + "\x00" * 10_000 + "b"), per_token=20, limit=10)
+    assert not surely_too_long(Item(id="x", answer="1", prompt_ids=(1,) * 500), per_token=20, limit=10)
+    assert not surely_too_long(item("ab" * 1000), per_token=None, limit=10)
 
 
 # -- C. models refused up front ------------------------------------------------------------------------
