@@ -354,8 +354,11 @@ def test_weights_whose_shapes_do_not_fit_the_config(tiny_llama: Path, tmp_path: 
     ck = copy_of(tiny_llama, tmp_path / "ck")
     edit_config(ck, intermediate_size=48)
     msg = refusal(ck)
-    assert "do not fit its config.json (6 shape mismatch(es): model.layers.0.mlp.down_proj.weight is (32, 64) in the " \
-           "weights, (32, 48) by config.json)" in msg
+    assert "do not fit its config.json (6 shape mismatch(es): model.layers.0.mlp.down_proj.weight" in msg
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:  # 4.x names the keys without their shapes
+        assert "down_proj.weight is (32, 64) in the weights, (32, 48) by config.json)" in msg
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.999, 4 / 1e9])
