@@ -31,6 +31,10 @@ from .schedules import schedule
 
 #: the constructions every cell computes besides ``live``; ``--kvaudit-chunks`` adds ``chunked(c)``
 BASE_CONSTRUCTIONS = ("prefill", "incremental")
+#: ineligible: prompt + max_new_tokens exceed the model's position limit
+TOO_LONG = "too_long"
+#: how much of a generation that missed its boundary the report shows
+TAIL_TOKENS, TAIL_CHARS = 48, 120
 
 
 @dataclass
@@ -89,6 +93,8 @@ class CellRecord:
     probes: Probes = field(default_factory=Probes)
     unsupported: str | None = None  # why K/V operations do not apply to this model
     error: str | None = None  # an error on this item alone (out of memory), the run went on
+    #: the end of what the model generated, decoded, when it never reached the boundary (for the report)
+    generated_tail: str | None = None
 
     @property
     def eligible(self) -> bool:
@@ -152,6 +158,26 @@ def sweep_subsets(n_layers: int) -> list[tuple[tuple[int, ...] | None, str]]:
     return uniq
 
 
+def chars_per_token(tokenizer: Any) -> int | None:
+    """An upper bound on the visible characters one token covers: the longest vocabulary string, times 4 for
+    normalizers that compose characters (NFC) or strip accents. None when the tokenizer has no vocabulary."""
+    try:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
+    except Exception:  # a tokenizer without get_vocab: always tokenize
+        return None
+    return 4 * longest if longest else None
+
+
+def surely_too_long(item: Item, per_token: int | None, limit: int | None) -> bool:
+    """Whether a text prompt cannot fit ``limit`` positions, judged without tokenizing it: a 2 MB prompt takes
+    seconds per encoding. Only visible characters count (tokenizers may drop whitespace and control
+    characters), so the bound never calls a prompt too long that would fit."""
+    if item.prompt is None or per_token is None or limit is None or len(item.prompt) <= per_token * limit:
+        return False
+    visible = sum(1 for c in item.prompt if c.isprintable() and not c.isspace())
+    return visible > per_token * limit
+
+
 def prompt_ids(item: Item, tokenizer: Any, chat_template: bool, model: str | None = None) -> tuple[int, ...]:
     """The item's prompt as ids: given, or encoded (in the chat template when asked)."""
     if item.prompt_ids is not None:
@@ -166,8 +192,10 @@ class CellBuilder:
     """Computes cells at one precision with one decoder; each step below is one method."""
 
     def __init__(self, dec: Decoder, tokenizer: Any, cfg: AuditConfig, item_set: ItemSet,
-                 transplant: Callable[[Any, Any, Any, str], Any] | None = None) -> None:
+                 transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
+        self.max_positions = max_positions
+        self.per_token = chars_per_token(tokenizer) if max_positions is not None else None
         self.cost: Cost = dec.cost
         self.transplant_fn = transplant or kv.transplant
 
@@ -179,7 +207,12 @@ class CellBuilder:
                 sweep: bool) -> tuple[CellRecord, tuple[int, ...] | None]:
         """The cell of ``item`` at ``dtype``; also returns its prefix (None when ineligible)."""
         rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
+        if surely_too_long(item, self.per_token, self.max_positions):  # not even tokenized
+            return CellRecord(item.id, dtype, (), (), None, TOO_LONG, item.answer), None
         prompt = prompt_ids(item, self.tok, self.cfg.chat_template, self.cfg.model)
+        if self.max_positions is not None and len(prompt) + self.item_set.max_new_tokens > self.max_positions:
+            # positions past the model's limit: no forward at all
+            return CellRecord(item.id, dtype, prompt, (), None, TOO_LONG, item.answer), None
         rec, tr = self.trajectory(item, dtype, prompt, rule)
         if tr.reason is not None:
             return rec, None
@@ -200,6 +233,8 @@ class CellBuilder:
         tr = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode, keep_state=True)
         rec = CellRecord(item.id, dtype, tr.prompt_ids, tr.generated, tr.boundary, tr.reason, item.answer)
         self.cost.minimal_forward_tokens += len(prompt) + max(0, len(tr.generated) - 1)
+        if tr.boundary is None:
+            rec.generated_tail = self.decode(tr.generated[-TAIL_TOKENS:])[-TAIL_CHARS:]
         if tr.reason is None:
             try:
                 kv.check_plain_kv(tr.state)

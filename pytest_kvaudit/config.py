@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,23 +74,77 @@ def parse_chunks(text: str | None) -> tuple[int, ...]:
     return vals
 
 
+def parse_int(flag: str, text: str, lo: int, hi: int | None = None, what: str = "") -> int:
+    """A whole number from ``lo`` to ``hi`` (ASCII digits), or a one-line error naming the flag and the range."""
+    rng = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+    why = f" ({what})" if what else ""
+    t = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]{1,30}", t):
+        raise KvauditError(f"{flag}={text!r} is not a whole number: give an integer {rng}{why}")
+    v = int(t)
+    if v < lo or (hi is not None and v > hi):
+        raise KvauditError(f"{flag}={text!r} is out of range: give an integer {rng}{why}")
+    return v
+
+
+def parse_threshold_value(where: str, text: str) -> float:
+    """A finite number for a claim threshold (nan or inf would make every comparison silently false or true)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise KvauditError(f"{where}: {text.strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise KvauditError(f"{where}: {text.strip()!r} is not a finite number")
+    return v
+
+
+def check_output_path(flag: str, text: str) -> Path:
+    """Where a report will be written, checked before the run: not a directory, and its folder writable.
+
+    The probe creates (and removes) a temporary file named as the final write names its own, in the nearest
+    folder that exists, so what fails here is what would fail after the whole run.
+    """
+    p = Path(text).expanduser()
+    if text.endswith(("/", os.sep)) or p.is_dir():
+        raise KvauditError(f"{flag}={text} is a directory: give a file path such as {p / 'kvaudit-report'}")
+    anc = p.absolute().parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise KvauditError(f"{flag}={text}: {anc} is a file, not a folder: choose a path in a writable folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=anc)
+    except OSError as exc:
+        raise KvauditError(
+            f"{flag}={text}: cannot write in {anc} ({exc.strerror or type(exc).__name__}): choose a writable location"
+        ) from None
+    os.close(fd)
+    os.unlink(tmp)
+    return p
+
+
 @dataclass(frozen=True)
 class BoundaryRule:
-    """Where the first reasoning stage ends: the end of a marker's first occurrence, or a token offset."""
+    """Where the first reasoning stage ends: the end of a marker's first occurrence, or a token offset.
+
+    ``tokens:`` is reserved for offsets: ``tokens:-1`` or ``tokens:abc`` is an error, never a marker.
+    """
 
     marker: str | None = None
     tokens: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> BoundaryRule:
-        m = re.fullmatch(r"tokens:(\d+)", text.strip())
-        if m:
-            k = int(m.group(1))
-            if k < 1:
-                raise KvauditError("--kvaudit-boundary tokens:K needs K >= 1 (the prefix must end in a generated token)")
-            return cls(tokens=k)
         if text == "":
             raise KvauditError("--kvaudit-boundary is empty: give a marker string such as '</think>' or tokens:K")
+        head, sep, rest = text.strip().partition(":")
+        if sep and head == "tokens":
+            if not re.fullmatch(r"[0-9]{1,9}", rest.strip()) or int(rest) < 1:
+                raise KvauditError(
+                    f"boundary {text!r}: tokens:K needs a whole number K >= 1 (the prefix must end in a generated "
+                    "token), e.g. tokens:8"
+                )
+            return cls(tokens=int(rest))
         return cls(marker=text)
 
     def describe(self) -> str:

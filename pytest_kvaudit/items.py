@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ class Item:
     prompt: str | None = None
     prompt_ids: tuple[int, ...] | None = None
     boundary: str | None = None
+    #: where the item was read ("file:line"), for errors found once the model is known
+    where: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,11 @@ def parse_item(obj: Any, path: Path, lineno: int) -> Item:
     if boundary is not None:
         if not isinstance(boundary, str):
             raise KvauditError(f"{at}: item {iid!r}: 'boundary' must be a marker string or 'tokens:K'")
-        BoundaryRule.parse(boundary)
-    return Item(id=iid, answer=str(obj["answer"]), prompt=prompt, prompt_ids=ids, boundary=boundary)
+        try:
+            BoundaryRule.parse(boundary)
+        except KvauditError as exc:
+            raise KvauditError(f"{at}: item {iid!r}: {exc}") from None
+    return Item(id=iid, answer=str(obj["answer"]), prompt=prompt, prompt_ids=ids, boundary=boundary, where=at)
 
 
 def parse_lines(text: str, path: Path) -> list[Item]:
@@ -108,7 +113,30 @@ def load_meta(path: Path) -> dict[str, Any]:
         raise KvauditError(f"{meta_path}: not valid JSON ({exc}); fix or delete the item set's settings file") from None
     if not isinstance(meta, dict):
         raise KvauditError(f"{meta_path}: must hold a JSON object of item-set settings")
+    for key, (ok, want) in META_FIELDS.items():
+        if key in meta and meta[key] is not None and not ok(meta[key]):
+            raise KvauditError(f"{meta_path}: field {key!r} must be {want}, got {json.dumps(meta[key])[:60]}")
+    for key in ("boundary", "answer_regex"):
+        if meta.get(key) == "":
+            raise KvauditError(f"{meta_path}: field {key!r} is empty: give a value or delete the field")
+    if meta.get("boundary"):
+        try:
+            BoundaryRule.parse(meta["boundary"])
+        except KvauditError as exc:
+            raise KvauditError(f"{meta_path}: field 'boundary': {exc}") from None
     return meta
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+#: the settings an item set's ``.meta.json`` may hold: field -> (check, what it must be)
+META_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "boundary": (lambda v: isinstance(v, str), "a marker string or 'tokens:K'"),
+    "answer_regex": (lambda v: isinstance(v, str), "a regex string with one capturing group"),
+    "max_new_tokens": (_positive_int, "a whole number >= 1"),
+}
 
 
 def load_item_set(
@@ -144,7 +172,9 @@ def load_item_set(
         raise KvauditError(f"answer regex {regex!r} needs one capturing group around the answer")
     b = boundary or meta.get("boundary") or DEFAULT_BOUNDARY
     BoundaryRule.parse(b)
-    mnt = int(max_new_tokens or meta.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    mnt = int(max_new_tokens if max_new_tokens is not None else meta.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    if mnt < 1:
+        raise KvauditError(f"--kvaudit-max-new-tokens={mnt}: must be at least 1")
     return ItemSet(path=path, items=tuple(items), boundary=b, answer_regex=regex, max_new_tokens=mnt)
 
 

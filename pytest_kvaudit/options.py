@@ -6,11 +6,24 @@ names are module constants that tests import. Bad values are one-line ``pytest.U
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule, parse_chunks, parse_device, parse_dtypes
+from .config import (
+    EMBEDDED_DIR,
+    EMBEDDED_NAME,
+    AuditConfig,
+    BoundaryRule,
+    check_output_path,
+    parse_chunks,
+    parse_device,
+    parse_dtypes,
+    parse_int,
+    parse_threshold_value,
+)
 from .errors import KvauditError
 
 MODEL = "--kvaudit-model"
@@ -96,19 +109,54 @@ def flag(config: pytest.Config, name: str) -> bool:
     return bool(config.getoption(dest(name)) or config.getini(dest(name)))
 
 
+#: integer flags -> (least, most or None, what the number is), checked before anything loads
+INT_RANGES: dict[str, tuple[int, int | None, str]] = {
+    N: (1, None, "how many items to use"),
+    MAX_NEW_TOKENS: (1, None, "tokens generated per trajectory"),
+    SEED: (0, 2**32 - 1, "the bootstrap seed"),
+    DONOR_UNITS: (0, None, "divergent items that get transplants; 0 turns them off"),
+    THREADS: (1, 4096, "torch CPU threads per process"),
+}
+
+
 def _int(config: pytest.Config, flag: str) -> int | None:
     v = value(config, flag)
     if v is None:
         return None
+    lo, hi, what = INT_RANGES[flag]
+    return parse_int(source(config, flag), v, lo, hi, what)
+
+
+def source(config: pytest.Config, flag: str) -> str:
+    """The name to put in an error: the flag when given, else its ini key."""
+    return flag if config.getoption(dest(flag)) not in (None, "") else f"{dest(flag)} (ini)"
+
+
+def _check_no_empty_flags(config: pytest.Config) -> None:
+    """``--kvaudit-report=`` (an unset shell variable, say) would otherwise silently mean "not given"."""
+    for flag in VALUE_OPTIONS:
+        v = config.getoption(dest(flag))
+        if v is not None and not str(v).strip():
+            if flag == BOUNDARY:
+                if v:
+                    continue  # a whitespace marker is still a marker
+                BoundaryRule.parse(str(v))  # its own message: a marker or tokens:K
+            raise KvauditError(f"{flag} is empty: give a value ({VALUE_OPTIONS[flag]}) or leave the flag out")
+
+
+def output_path(config: pytest.Config, flag: str) -> Path | None:
+    """A report path, checked now: a directory or an unwritable place is a usage error before the run."""
+    v = value(config, flag)
     try:
-        return int(v)
-    except ValueError:
-        raise pytest.UsageError(f"{flag}={v!r} is not an integer") from None
+        return check_output_path(flag, v) if v is not None else None
+    except KvauditError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def build_config(config: pytest.Config) -> AuditConfig:
     """Options and ini -> AuditConfig; bad values are a one-line usage error."""
     try:
+        _check_no_empty_flags(config)
         kw: dict[str, Any] = {}
         if (m := value(config, MODEL)) is not None:
             kw["model"] = str(EMBEDDED_DIR) if m == EMBEDDED_NAME else m
@@ -164,14 +212,41 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
 
 
 def parse_thresholds(lines: list[str]) -> dict[str, dict[str, float]]:
+    """``claim.key=number`` lines -> {claim: {key: value}}; the syntax and the numbers are checked here,
+    the names by :func:`check_thresholds` against the claims registered so far."""
     out: dict[str, dict[str, float]] = {}
     for line in lines:
         key, sep, val = line.partition("=")
         claim, dot, name = key.strip().partition(".")
+        if not sep or not dot or not claim or not name.strip():
+            raise pytest.UsageError(f"{THRESHOLDS_INI}: {line!r} is not 'claim.key=number'")
         try:
-            if not sep or not dot:
-                raise ValueError
-            out.setdefault(claim, {})[name.strip()] = float(val)
-        except ValueError:
-            raise pytest.UsageError(f"{THRESHOLDS_INI}: {line!r} is not 'claim.key=number'") from None
+            out.setdefault(claim, {})[name.strip()] = parse_threshold_value(f"{THRESHOLDS_INI}: {line.strip()!r}", val)
+        except KvauditError as exc:
+            raise pytest.UsageError(str(exc)) from None
     return out
+
+
+def check_thresholds(thresholds: Mapping[str, Mapping[str, float]], audit: AuditConfig,
+                     claims: Iterable[Any]) -> list[str]:
+    """Check the keys of every threshold line whose claim is in ``claims`` (registered ones); return the
+    claim names not among them, in order. An unknown key is a one-line usage error naming the known ones."""
+    known = {c.name: c for c in claims}
+    unknown: list[str] = []
+    for name, keys in thresholds.items():
+        if name not in known:
+            unknown.append(name)
+            continue
+        have = known[name].defaults(audit)
+        bad = [k for k in keys if k not in have]
+        if bad:
+            raise pytest.UsageError(
+                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are {', '.join(sorted(have))}"
+            )
+    return unknown
+
+
+def unknown_claims_message(unknown: list[str], claims: Iterable[Any]) -> str:
+    return (f"{THRESHOLDS_INI}: no claim named {', '.join(map(repr, unknown))}; known claims: "
+            f"{', '.join(sorted(c.name for c in claims))} (a claim of your own must be registered by a collected "
+            "test file or a conftest.py)")

@@ -43,9 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kvaudit_claim(name, **thresholds): a kvaudit claim test and its threshold overrides"
     )
-    rp, hp = opt.value(config, opt.REPORT), opt.value(config, opt.HTML)
-    sess = KvauditSession(opt.build_config(config), config, opt.parse_thresholds(config.getini(opt.THRESHOLDS_INI)),
-                          Path(rp) if rp else None, Path(hp) if hp else None, opt.value(config, opt.BASELINE),
+    audit = opt.build_config(config)
+    thresholds = opt.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
+    if thresholds:  # built-in claims (and conftest ones) are known now; test files' own at collection
+        from .claims import registered
+
+        opt.check_thresholds(thresholds, audit, registered())
+    sess = KvauditSession(audit, config, thresholds, opt.output_path(config, opt.REPORT),
+                          opt.output_path(config, opt.HTML), opt.value(config, opt.BASELINE),
                           strict=opt.flag(config, opt.STRICT))
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
@@ -172,6 +177,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
+    for note in sess.notes:
+        terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
     rep = _report(sess)
     if rep is None:
         if sess.error:

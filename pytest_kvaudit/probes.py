@@ -47,17 +47,22 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
     """The item's boundary state computed alone vs as one row of a left-padded batch of others."""
     import torch
 
-    from .cells import prompt_ids
+    from .cells import chars_per_token, prompt_ids, surely_too_long
 
     b, all_items = store.cfg.batch_size, store.item_set.items
+    per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
     index = {it.id: i for i, it in enumerate(all_items)}
     for item in store.items:
         rec = store.records[(item.id, dtype)]
         if index[item.id] >= store.cfg.batch_units or not rec.eligible or rec.unsupported or b < 2:
             continue
         head = list(rec.prefix[:-1])
-        others = [all_items[(index[item.id] + j) % len(all_items)] for j in range(1, b)]
-        rows = [head] + [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
+        others = [o for j in range(1, b)
+                  if not surely_too_long(o := all_items[(index[item.id] + j) % len(all_items)], per_token, h.max_positions)]
+        other_rows = [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
+        rows = [head] + [r for r in other_rows if h.max_positions is None or len(r) <= h.max_positions]
+        if len(rows) < 2:  # every other prompt is too long to share a batch with
+            continue
         width = max(len(r) for r in rows)
         pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)

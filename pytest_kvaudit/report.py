@@ -23,19 +23,25 @@ def items_block(records: Iterable[Any], item_ids: Iterable[str]) -> dict[str, An
         by_item.setdefault(r.item_id, []).append(r)
     ids = list(item_ids)
     inel: dict[str, int] = {}
+    listed: list[dict[str, Any]] = []  # each ineligible (item, precision) with its reason
     missing = 0
     for i in ids:
         rs = by_item.get(i)
         if not rs:
             missing += 1
+            listed.append({"id": i, "dtype": None, "reason": "missing", "generated_tail": None})
             continue
         bad = [r for r in rs if not r.eligible]
         if bad:
             key = "error" if bad[0].error else (bad[0].reason or "?")
             inel[key] = inel.get(key, 0) + 1
+        for r in bad:
+            listed.append({"id": i, "dtype": r.dtype, "reason": "error" if r.error else (r.reason or "?"),
+                           "generated_tail": getattr(r, "generated_tail", None)})
     if missing:
         inel["missing"] = missing
-    return {"total": len(ids), "eligible": len(ids) - sum(inel.values()), "ineligible": dict(sorted(inel.items()))}
+    return {"total": len(ids), "eligible": len(ids) - sum(inel.values()), "ineligible": dict(sorted(inel.items())),
+            "ineligible_items": listed}
 
 
 def build(

@@ -41,6 +41,7 @@ class KvauditSession:
     run_info: dict[str, Any] = field(default_factory=dict)
     shard: tuple[int, int, Path] | None = None  # (index, count, folder) on a sharding xdist worker
     started: float = field(default_factory=time.perf_counter)
+    notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
 
     # -- the store -----------------------------------------------------------------------------
     def get_store(self) -> Store:
@@ -89,6 +90,9 @@ class KvauditSession:
         index, count, folder = self.shard
         if index < 0:
             return
+        if self.error is not None:  # a usage error found at collection: every worker's claims fail with it
+            write_shard_error(folder, index, self.error)
+            return
         from .progress import shard_writer
 
         try:
@@ -109,6 +113,36 @@ class KvauditSession:
             raise KvauditError(got["error"])
         cfg, item_set = Store.resolve(self.config)
         return Store.merged(cfg, item_set, got["exports"])
+
+    @pytest.hookimpl
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Threshold lines for claims that no collected file registered.
+
+        A user's claim is registered when its test file is imported, so only now are all names known, and
+        only for the files this run collected. When the run collected its default tree (testpaths or the
+        current folder) every claim of the project is registered: an unknown name is a typo and a usage
+        error. When the command line named paths, the claim may live in a file not collected: the line is
+        unused, so it is named in the summary rather than refused. On an xdist worker, which cannot stop
+        the run with a usage error, it fails every claim test with the same one line.
+        """
+        if not self.thresholds:
+            return
+        from . import options as opt
+        from .claims import registered
+
+        try:
+            unknown = opt.check_thresholds(self.thresholds, self.config, registered())
+            if not unknown:
+                return
+            msg = opt.unknown_claims_message(unknown, registered())
+            if self.pytest_config.args_source == pytest.Config.ArgsSource.ARGS:
+                self.notes.append(f"{msg}; the line was not used")
+                return
+            raise pytest.UsageError(msg)
+        except pytest.UsageError as exc:
+            if not hasattr(self.pytest_config, "workerinput"):
+                raise
+            self.error = str(exc)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:

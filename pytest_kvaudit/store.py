@@ -138,8 +138,9 @@ class Store:
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
             self.environment.setdefault("dtypes", []).append(dtype)
             self._check_markers(h)
+            self._check_prompt_ids(h)
             dec = Decoder(h.model, h.eos_ids, self.cost, self.faults)
-            builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant)
+            builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
             for item in self.items:
                 rec = self._cell(builder, item, dtype, fixed_prefix, donors_left > 0, sweeps_left > 0)
                 if rec.whole_transplants():
@@ -189,6 +190,16 @@ class Store:
                 raise KvauditError(
                     f"boundary marker {rule.marker!r} cannot be produced by the tokenizer of {self.cfg.model} "
                     f"(it decodes back as {back!r}): pass --kvaudit-boundary with a marker it can spell, or tokens:K"
+                )
+
+    def _check_prompt_ids(self, h: ModelHandle) -> None:
+        """Given prompt ids outside the embedding would index past it (a crash, or garbage on some devices)."""
+        for item in self.item_set.items:
+            bad = next((t for t in item.prompt_ids or () if t >= h.vocab_size), None)
+            if bad is not None:
+                raise KvauditError(
+                    f"{item.where or self.item_set.path}: item {item.id!r}: prompt id {bad} is outside the vocabulary of "
+                    f"{self.cfg.model} ({h.vocab_size} ids, 0..{h.vocab_size - 1}): the ids come from another tokenizer"
                 )
 
     # -- plain data for xdist and the ledger ----------------------------------------------------
