@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "that no priced claim reads are left out of the naive suite"))
     # the target is on the claims' own work: what ran minus what only analyses read (the sweep, the probes)
     sweep = sum(len(t.suffix) for r in records for t in r.transplants if t.kind == "donor" and not t.whole)
-    analyses_only = sweep + parts["batch invariance"] + max(0, other)
+    # unattributed work stays in: a cell computed twice by mistake must show (attention axes show there too)
+    analyses_only = sweep + parts["batch invariance"]
     ratio_claims = ((cost.forward_tokens - analyses_only) / cost.minimal_forward_tokens
                     if cost.minimal_forward_tokens else float("nan"))
     print(f"forward_tokens / minimal = {ratio_min:.3f} in all; {analyses_only:,} tokens only analyses read (layer "
