@@ -1,18 +1,20 @@
-"""Work efficiency of the compute-once store: tokens run vs the least needed vs a naive suite.
+"""Work efficiency of the compute-once store: tokens run vs the least the claims need vs a naive suite.
 
 Why: kvaudit's claim suite is cheap only because every (item, construction, precision) cell is computed
 once and read by every claim. This benchmark runs the whole store plan
 (``Store.open(AuditConfig(n=N)).compute()``) and reports, in one run:
 
-* ``forward_tokens / minimal_forward_tokens`` from ``store.cost`` [target <= 1.05]. ``minimal`` is the
-  store's own count of the tokens its distinct cells need (the replicas are cells: a replica is by
-  definition computed twice), so this ratio says no cell was computed more than once;
+* ``forward_tokens / minimal_forward_tokens`` from ``store.cost`` [target <= 1.05 on the claims' own work].
+  ``minimal`` is priced by :mod:`pytest_kvaudit.minimal` from what the claims need (per eligible item: the
+  trajectory, the live and prefill replicas, each construction, the 2x2's two cells; on the donor units
+  the all-layer transplants and their controls), apart from the counter of forwards run, so the ratio
+  is not 1 by construction: the layer sweep and the probes (analyses only) and any cell computed twice
+  show as overhead. The minimum's parts are printed beside it;
 * an independent reconstruction of ``forward_tokens`` from the records alone (every trajectory,
   construction, fixed-prefix pair and transplant, at the token counts greedy decoding implies), which must
   equal the measured counter: it shows the accounting below is the store's own;
-* a naive suite where each judged claim (the paper's 5, plus layer_sweep where the store has it)
-  regenerates what it reads on its own (its own live trajectory for every item and precision, plus its
-  own constructions), priced from the same records;
+* a naive suite where each judged claim (the paper's 5) regenerates what it reads on its own (its own live
+  trajectory for every item and precision, plus its own constructions), priced from the same records;
   the store's tokens over that sum is the saving of computing once.
 """
 
@@ -50,35 +52,25 @@ def construction_tokens(r: Any, name: str) -> int:
     return len(r.prefix) - 1 + len(r.constructions[name].suffix)
 
 
-def fixed_shared(r: Any) -> bool:
-    """The fixed-prefix pair reuses incremental/prefill when the primary prefix equals this record's."""
-    return bool(r.fixed) and r.fixed_prefix_fp == r.prefix_fp
-
-
-def fixed_tokens(r: Any, primary: Any, which: str) -> int:
-    """A fixed-prefix construction on the primary precision's prefix ids (when not shared)."""
-    return len(primary.prefix) - 1 + len(r.fixed[which].suffix)
+def fixed_tokens(r: Any, which: str) -> int:
+    """One of the 2x2's own cells on the primary precision's prefix ids (always computed, never shared)."""
+    return int(r.fixed_prefix_len) - 1 + len(r.fixed[which].suffix)
 
 
 def transplant_tokens(r: Any) -> int:
-    """Every transplant continuation on the record (all-layer and, where swept, the layer subsets)."""
+    """Every transplant continuation on the record (all-layer, controls and, where swept, the layer subsets)."""
     return sum(len(t.suffix) for t in r.transplants)
 
 
 def all_layer_transplant_tokens(r: Any) -> int:
-    """The all-layer K/V transplants, both directions: what donor_following reads."""
-    return sum(len(t.suffix) for t in r.transplants if t.whole)
-
-
-def swept(r: Any) -> bool:
-    """The record also carries the layer sweep's subsets (beyond the all-layer K/V transplant)."""
-    return any(not (t.whole) for t in r.transplants)
+    """The all-layer K/V transplants, both directions, and their controls: what donor_following reads."""
+    return sum(len(t.suffix) for t in r.transplants if t.whole or t.kind != "donor")
 
 
 def batch_tokens(r: Any, by: dict[tuple[str, str], Any], order: list[str]) -> int:
     """The batch-invariance forward (where the store has it): ``batch_size`` left-padded rows, the item's
     ``prefix[:-1]`` and the next items' prompts, in one forward of ``batch_size x width`` tokens."""
-    b = getattr(r, "batch", None) or {}
+    b = getattr(getattr(r, "probes", None), "batch", None) or getattr(r, "batch", None) or {}
     if not b or "error" in b or r.item_id not in order:
         return 0
     i, n = order.index(r.item_id), int(b["batch_size"])
@@ -92,20 +84,19 @@ def reconstruct_store(records: list[Any], by: dict[tuple[str, str], Any], primar
                       order: list[str]) -> dict[str, int]:
     """Every forward token the store ran, recomputed from its records, by kind of work."""
     parts = {"live trajectories": 0, "replica trajectories": 0, "constructions (prefill, replica, incremental, "
-             "chunked)": 0, "fixed-prefix pairs (not shared)": 0, "transplants (all-layer and sweep)": 0,
-             "batch invariance": 0}
+             "chunked)": 0, "fixed-prefix pairs (the 2x2's own cells)": 0,
+             "transplants (all-layer, controls and sweep)": 0, "batch invariance": 0}
     keys = list(parts)
     for r in records:
         if r.error:
             continue
         parts[keys[0]] += trajectory_tokens(r)
+        if r.fixed:
+            parts[keys[3]] += fixed_tokens(r, "replay") + fixed_tokens(r, "prefill")
         if not r.eligible:
             continue
         parts[keys[1]] += replica_tokens(r)
         parts[keys[2]] += sum(construction_tokens(r, c) for c in r.constructions if c not in ("live", "live:replica"))
-        if r.fixed and not fixed_shared(r):
-            p = by[(r.item_id, primary_dtype)]
-            parts[keys[3]] += fixed_tokens(r, p, "replay") + fixed_tokens(r, p, "prefill")
         parts[keys[4]] += transplant_tokens(r)
         parts[keys[5]] += batch_tokens(r, by, order)
     return parts
@@ -124,11 +115,8 @@ def naive_claims(records: list[Any], by: dict[tuple[str, str], Any], primary_dty
     def fixed_pair(r: Any) -> int:
         if not r.fixed:
             return 0
-        if fixed_shared(r):
-            return construction_tokens(r, "incremental") + construction_tokens(r, "prefill")
-        p = by[(r.item_id, primary_dtype)]
         own_prefill = construction_tokens(r, "prefill") if r.dtype in low else 0  # the matched set at low precision
-        return fixed_tokens(r, p, "replay") + fixed_tokens(r, p, "prefill") + own_prefill
+        return fixed_tokens(r, "replay") + fixed_tokens(r, "prefill") + own_prefill
 
     priced: dict[str, Callable[[Any], int]] = {
         "replica_exactness": lambda r: replica_tokens(r) + construction_tokens(r, "prefill")
@@ -138,8 +126,6 @@ def naive_claims(records: list[Any], by: dict[tuple[str, str], Any], primary_dty
             construction_tokens(r, "prefill") if r.dtype in low else 0),
         "bridge_bitexact": lambda r: construction_tokens(r, "incremental"),
         "donor_following": lambda r: construction_tokens(r, "prefill") + all_layer_transplant_tokens(r),
-        # the layer sweep (when the store has it): divergence needs prefill; swept units every subset
-        "layer_sweep": lambda r: construction_tokens(r, "prefill") + (transplant_tokens(r) if swept(r) else 0),
     }
     return {name: per_record(priced[name]) for name in claims if name in priced}
 
@@ -174,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     by = {(r.item_id, r.dtype): r for r in records}
     primary = cfg.dtypes[0]
     order = [it.id for it in store.item_set.items]
+    from pytest_kvaudit.minimal import minimal_tokens
+
+    needed = minimal_tokens(records, cfg.donor_max_units, primary)
     parts = reconstruct_store(records, by, primary, order)
     rebuilt = sum(parts.values())
     # the judged claims of this kvaudit version (ledger_audit reads a saved ledger)
@@ -193,13 +182,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{donors} with transplants; compute {cost.seconds:.1f}s, wall {wall:.1f}s\n")
     t1 = C.table("work efficiency (forward tokens, one run)", ["measure", "tokens", "store tokens / this"], [
         ["store forward_tokens (measured)", cost.forward_tokens, 1.0],
-        ["store minimal_forward_tokens (store.cost)", cost.minimal_forward_tokens, ratio_min],
+        ["least the claims need (store.cost.minimal_forward_tokens)", cost.minimal_forward_tokens, ratio_min],
         ["store tokens reconstructed from records", rebuilt,
          cost.forward_tokens / rebuilt if rebuilt else float("nan")],
         [f"naive suite: {len(naive)} claims, each regenerating", naive_total, ratio_naive],
         ["naive suite: the paper's 5 claims only", naive5, cost.forward_tokens / naive5 if naive5 else float("nan")],
     ])
     other = cost.forward_tokens - rebuilt
+    t0 = C.table("the least the claims need (pytest_kvaudit.minimal), by kind of work", ["work", "tokens", "share"],
+                 [[k, v, v / cost.minimal_forward_tokens if cost.minimal_forward_tokens else float("nan")]
+                  for k, v in needed.items()] + [["sum (= store.cost.minimal_forward_tokens)", sum(needed.values()), 1.0]])
     t3 = C.table("store tokens by kind of work (reconstructed from the records)", ["work", "tokens", "share"],
                  [[k, v, v / cost.forward_tokens] for k, v in parts.items() if v]
                  + [["unattributed (work this benchmark does not know)", other, other / cost.forward_tokens]])
@@ -217,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     print("reconstruction from records " + ("equals" if consistent else "DIFFERS FROM") + " the measured counter"
           + ("" if consistent else f" ({rebuilt:,} vs {cost.forward_tokens:,}): {other:,} tokens of store work "
                                    "that no priced claim reads are left out of the naive suite"))
-    line, ok = C.target_line("forward_tokens/minimal_forward_tokens", ratio_min, "<=", TARGET)
+    # the target is on the claims' own work: what ran minus what only analyses read (the sweep, the probes)
+    sweep = sum(len(t.suffix) for r in records for t in r.transplants if t.kind == "donor" and not t.whole)
+    # unattributed work stays in: a cell computed twice by mistake must show (attention axes show there too)
+    analyses_only = sweep + parts["batch invariance"]
+    ratio_claims = ((cost.forward_tokens - analyses_only) / cost.minimal_forward_tokens
+                    if cost.minimal_forward_tokens else float("nan"))
+    print(f"forward_tokens / minimal = {ratio_min:.3f} in all; {analyses_only:,} tokens only analyses read (layer "
+          f"sweep {sweep:,}, probes {analyses_only - sweep:,}); the claims' own work is {ratio_claims:.3f}x the least "
+          "they need (above 1: donor units computed beyond the judged ones, e.g. per shard)")
+    line, ok = C.target_line("(forward_tokens - analyses only)/minimal_forward_tokens", ratio_claims, "<=", TARGET)
     C.write_json(a.out, {
         "benchmark": "work_efficiency", "threads": threads_line, "environment": C.environment(a.device),
         "config": {"model": model_name, "n": a.n, "dtypes": list(cfg.dtypes), "chunks": list(cfg.chunks),
@@ -227,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         "minimal_forward_tokens": cost.minimal_forward_tokens, "reconstructed_tokens": rebuilt,
         "reconstruction_consistent": consistent, "naive_by_claim": naive, "claims_not_priced": unpriced,
         "naive_total": naive_total, "naive_paper_claims_total": naive5,
-        "ratio_minimal": ratio_min, "ratio_store_over_naive": ratio_naive, "compute_seconds": cost.seconds,
+        "ratio_minimal": ratio_min, "ratio_claims_work": ratio_claims, "analyses_only_tokens": analyses_only,
+        "ratio_store_over_naive": ratio_naive, "compute_seconds": cost.seconds,
         "wall_seconds": round(wall, 3), "target": {"ratio_minimal_max": TARGET, "met": ok, "line": line},
-        "reconstructed_parts": parts, "tables": [t1, t3, t2],
+        "reconstructed_parts": parts, "minimal_parts": needed, "tables": [t1, t0, t3, t2],
     })
     return 0
 

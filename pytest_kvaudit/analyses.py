@@ -1,5 +1,8 @@
 """Beyond the paper: where the divergence lives, which layers carry it, and the construction axes.
 
+The layer sweep is an analysis, not a claim: which layer subsets carry the divergence is descriptive
+(the paper claims sufficiency of all layers, which donor_following judges; its figures quote the sweep).
+
 Pure functions over store records; their output is the report's ``analyses`` block.
 """
 
@@ -64,12 +67,15 @@ def _label(layers: tuple[int, ...] | None, parts: str) -> str:
 def layer_sweep(records: Iterable[Any], max_units: int | None = None) -> dict[str, Any]:
     """Share of receivers that follow their donor per transplanted layer subset, on the swept units
     (the first ``max_units`` divergent items in item order), and the smallest subset sufficient on all."""
-    units = [r for r in records if r.eligible and any(not t.whole for t in r.transplants)]
+    def donor(t: Any) -> bool:  # the controls (sham, identical layers) are donor_following's, not the sweep's
+        return getattr(t, "kind", "donor") == "donor"
+
+    units = [r for r in records if r.eligible and any(donor(t) and not t.whole for t in r.transplants)]
     if max_units is not None:
         units = units[:max_units]
     table: dict[str, dict[str, Any]] = {}
     for r in units:
-        for t in r.transplants:
+        for t in filter(donor, r.transplants):
             key = _label(t.layers, t.parts)
             row = table.setdefault(key, {"layers": None if t.layers is None else list(t.layers), "parts": t.parts,
                                          "live_to_prefill": [0, 0], "prefill_to_live": [0, 0]})

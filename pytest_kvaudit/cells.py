@@ -7,9 +7,13 @@ The steps, top to bottom (:meth:`CellBuilder.compute`):
 2. ``replica``: the whole trajectory once more, for replica exactness.
 3. ``constructions``: every other construction over the same ``prefix[:-1]`` ids, each as
    build the state (its chunk schedule) -> fingerprint -> continue -> extract the label.
-4. ``fixed_prefix``: the 2x2's own cells on the first precision's prefix ids.
-5. ``anatomy``: how far the live and prefill states are apart, and where their suffixes part.
-6. ``transplants``: on divergent items, each boundary state continued from the other's K/V.
+4. ``fixed_prefix``: the 2x2's own cells on the first precision's prefix ids, always computed afresh
+   (also where this precision's own trajectory was ineligible), so that recurrence is a second observation.
+5. ``anatomy``: how far the live and prefill states are apart (which layers differ), and where their
+   suffixes part.
+6. ``transplants``: on divergent items, each boundary state continued from the other's K/V, and the
+   controls: a sham (the receiver's own cache through the same transplant path) and a transplant of only
+   the layers whose K/V are bit-identical in the two states; neither may change the receiver's suffix.
 
 The caches go with the builder's frame; the record keeps only ids, suffixes, labels and fingerprints:
 plain data that pickles and JSON-serialises, so xdist workers and shards can ship it.
@@ -37,20 +41,38 @@ TOO_LONG = "too_long"
 TAIL_TOKENS, TAIL_CHARS = 48, 120
 
 
+#: what a transplant is for: the donor's K/V (the claim and the sweep), or one of the two controls
+DONOR, SHAM, IDENTICAL = "donor", "sham", "identical"
+
+
 @dataclass
 class Transplant:
     """A receiver continued from its donor's K/V at the boundary."""
 
-    direction: str  # "live_to_prefill" (live donor, prefill receiver) or "prefill_to_live"
+    direction: str  # "<donor>_to_<receiver>": live_to_prefill, prefill_to_live; a sham's is prefill_to_prefill
     layers: tuple[int, ...] | None  # None = all layers
     parts: str  # "kv", "k" or "v"
     suffix: tuple[int, ...]
     followed: bool  # receiver's suffix equals the donor's, token for token
+    #: donor (the claim's transplant and the sweep's subsets), sham or identical (the controls)
+    kind: str = DONOR
+    #: the receiver's suffix is its own untransplanted one, token for token (a control must keep this)
+    held: bool = False
+    margins: tuple[float, ...] = ()
+    text: str = ""
 
     @property
     def whole(self) -> bool:
         """The all-layer K and V transplant that donor_following judges (the rest are the layer sweep)."""
-        return self.layers is None and self.parts == "kv"
+        return self.kind == DONOR and self.layers is None and self.parts == "kv"
+
+    @property
+    def receiver(self) -> str:
+        return self.direction.rsplit("_to_", 1)[-1]
+
+    @property
+    def donor(self) -> str:
+        return self.direction.split("_to_", 1)[0]
 
 
 @dataclass
@@ -63,6 +85,9 @@ class Comparison:
     drift: list[list[float]] = field(default_factory=list)
     #: the decoded tokens where live and prefill first part, for people reading the anatomy
     divergence_text: list[str] = field(default_factory=list)
+    #: layers whose K or V differ (not bit-identical) between the live and prefill states, and the rest
+    differing_layers: list[int] = field(default_factory=list)
+    identical_layers: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,9 +110,11 @@ class CellRecord:
     reason: str | None  # why the item is ineligible
     answer: str
     constructions: dict[str, Continuation] = field(default_factory=dict)
-    #: the fixed-prefix 2x2's cells ("replay", "prefill") at this precision on the first precision's prefix
+    #: the fixed-prefix 2x2's own cells ("replay", "prefill") at this precision on the first precision's
+    #: prefix ids, computed on fresh caches (also when this precision's trajectory was ineligible)
     fixed: dict[str, Continuation] = field(default_factory=dict)
     fixed_prefix_fp: str | None = None
+    fixed_prefix_len: int | None = None
     transplants: list[Transplant] = field(default_factory=list)
     comparison: Comparison = field(default_factory=Comparison)
     probes: Probes = field(default_factory=Probes)
@@ -120,6 +147,16 @@ class CellRecord:
     def whole_transplants(self) -> list[Transplant]:
         return [t for t in self.transplants if t.whole]
 
+    def controls(self, kind: str) -> list[Transplant]:
+        """donor_following's controls of one ``kind`` (sham or identical) on this record."""
+        return [t for t in self.transplants if t.kind == kind]
+
+    @property
+    def recurrence_comparable(self) -> bool:
+        """This precision's own prefix is the 2x2's fixed prefix, id for id: its matched live-vs-prefill
+        comparison and the 2x2's replay-vs-prefill comparison are over the same ids."""
+        return self.eligible and bool(self.fixed) and self.fixed_prefix_fp == self.prefix_fp
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -131,7 +168,8 @@ class CellRecord:
         d["constructions"] = {k: _cont(v) for k, v in d["constructions"].items()}
         d["fixed"] = {k: _cont(v) for k, v in d["fixed"].items()}
         d["transplants"] = [
-            Transplant(**{**t, "suffix": tuple(t["suffix"]), "layers": None if t["layers"] is None else tuple(t["layers"])})
+            Transplant(**{**t, "suffix": tuple(t["suffix"]), "layers": None if t["layers"] is None else tuple(t["layers"]),
+                          "margins": tuple(t.get("margins", ()))})
             for t in d["transplants"]
         ]
         d["comparison"] = Comparison(**d["comparison"])
@@ -214,7 +252,11 @@ class CellBuilder:
             # positions past the model's limit: no forward at all
             return CellRecord(item.id, dtype, prompt, (), None, TOO_LONG, item.answer), None
         rec, tr = self.trajectory(item, dtype, prompt, rule)
+        primary = dtype == self.cfg.primary_dtype
         if tr.reason is not None:
+            # the 2x2 judges every precision on the first one's prefix ids, whatever this trajectory did
+            if not primary:
+                self.fixed_prefix(rec, prompt, fixed_prefix)
             return rec, None
         live_state, last = tr.state, tr.prefix[-1]
         head = list(tr.prefix[:-1])
@@ -222,7 +264,7 @@ class CellBuilder:
         self.replica(rec, prompt, rule, tr.boundary)
         prefill_state = self.constructions(rec, prompt, head, last, budget, live_state)
         # the first precision's own prefix fixes the 2x2's ids for every precision
-        self.fixed_prefix(rec, prompt, tr.prefix, tr.prefix if dtype == self.cfg.primary_dtype else fixed_prefix)
+        self.fixed_prefix(rec, prompt, tr.prefix if primary else fixed_prefix)
         self.anatomy(rec, live_state, prefill_state)
         if donors and rec.unsupported is None and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix:
             self.transplants(rec, live_state, prefill_state, last, budget, sweep)
@@ -232,7 +274,6 @@ class CellBuilder:
         self.dec.path = "live"
         tr = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode, keep_state=True)
         rec = CellRecord(item.id, dtype, tr.prompt_ids, tr.generated, tr.boundary, tr.reason, item.answer)
-        self.cost.minimal_forward_tokens += len(prompt) + max(0, len(tr.generated) - 1)
         if tr.boundary is None:
             rec.generated_tail = self.decode(tr.generated[-TAIL_TOKENS:])[-TAIL_CHARS:]
         if tr.reason is None:
@@ -248,7 +289,6 @@ class CellBuilder:
         """The same construction a second time: the whole trajectory, regenerated."""
         self.dec.path = "live:replica"
         rep = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode)
-        self.cost.minimal_forward_tokens += len(prompt) + max(0, len(rep.generated) - 1)
         if rep.boundary == boundary and rep.reason is None:
             c = self.labelled(rec, rep.suffix, rep.state_fp or "", rep.logits_fp or "", (), rep.generated[: rep.boundary])
         else:
@@ -286,7 +326,6 @@ class CellBuilder:
         kept = kv.clone(state) if keep else None
         margins: list[float] = []
         suffix, lfp = continue_greedy(self.dec, state, last, budget, margins)
-        self.cost.minimal_forward_tokens += len(ids) + len(suffix)
         # the label reads the generated part of the prefix this continuation extends
         return self.labelled(rec, suffix, fp, lfp, margins, list(ids[len(prompt):]) + [last]), kept
 
@@ -294,19 +333,18 @@ class CellBuilder:
                  margins: Sequence[float], gen_head: Sequence[int]) -> Continuation:
         ans = extract_answer(self.decode(list(gen_head) + list(suffix)), self.item_set.answer_regex)
         return Continuation(suffix, state_fp, logits_fp, ans, ans is not None and ans == rec.answer,
-                            tuple(round(m, 6) for m in margins))
+                            tuple(round(m, 6) for m in margins), self.decode(suffix))
 
-    def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], prefix: tuple[int, ...],
-                     fixed: tuple[int, ...] | None) -> None:
-        """The 2x2 at this precision on the first precision's prefix ids (its own cells when they differ)."""
+    def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], fixed: tuple[int, ...] | None) -> None:
+        """The 2x2 at this precision on the first precision's prefix ids: its own two cells on fresh caches
+        (teacher-forced replay and one-shot prefill), never the matched run's cells, so that recurrence is
+        observed a second time rather than read back from the same computation."""
         if fixed is None:
             return
         rec.fixed_prefix_fp = kv.fingerprint_ids(fixed)
-        if fixed == prefix:
-            rec.fixed = {"replay": rec.constructions["incremental"], "prefill": rec.constructions["prefill"]}
-            return
+        rec.fixed_prefix_len = len(fixed)
         budget = self.item_set.max_new_tokens - (len(fixed) - len(prompt))
-        if budget > 0:
+        if budget > 0 and len(fixed) >= 2:
             ids, last = list(fixed[:-1]), fixed[-1]
             rec.fixed = {
                 "replay": self.construction(rec, "incremental", prompt, ids, last, budget, "fixed:replay")[0],
@@ -315,8 +353,11 @@ class CellBuilder:
 
     def anatomy(self, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
         if rec.unsupported is None:
+            layers = kv.compare(live_state, prefill_state)
             rec.comparison.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
-                                    for c in kv.compare(live_state, prefill_state)]
+                                    for c in layers]
+            rec.comparison.differing_layers = [c.layer for c in layers if not (c.keys_equal and c.values_equal)]
+            rec.comparison.identical_layers = [c.layer for c in layers if c.keys_equal and c.values_equal]
         live, prefill = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
         if live != prefill:
             j = next((i for i, (a, b) in enumerate(zip(live, prefill)) if a != b), None)
@@ -325,18 +366,35 @@ class CellBuilder:
 
     def transplants(self, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                     sweep: bool) -> None:
-        """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets."""
+        """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets;
+        then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
+        cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
+        transplant of only those layers."""
         subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
         if sweep:
             subsets += sweep_subsets(len(kv.layer_kv(live_state)))
-        live, prefill = rec.constructions["live"], rec.constructions["prefill"]
+        states = {"live": live_state, "prefill": prefill_state}
+        pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
         for layers, parts in subsets:
-            for direction, receiver, donor, target in (
-                ("live_to_prefill", prefill_state, live_state, live),
-                ("prefill_to_live", live_state, prefill_state, prefill),
-            ):
-                self.dec.path = f"transplant:{direction}"
-                state = self.transplant_fn(receiver, donor, layers, parts)
-                suffix, _ = continue_greedy(self.dec, state, last, budget)
-                self.cost.minimal_forward_tokens += len(suffix)
-                rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target.suffix))
+            for donor, receiver in pairs:
+                self.transplant(rec, DONOR, states[receiver], states[donor], donor, receiver, layers, parts, last, budget)
+        for name in ("prefill", "live"):
+            # the same object as receiver and donor: the transplant path itself is what the sham tests
+            self.transplant(rec, SHAM, states[name], states[name], name, name, None, "kv", last, budget)
+        same = tuple(rec.comparison.identical_layers)
+        if same:
+            for donor, receiver in pairs:
+                self.transplant(rec, IDENTICAL, states[receiver], states[donor], donor, receiver, same, "kv", last, budget)
+
+    def transplant(self, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
+                   layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> None:
+        """One transplant -> continue -> compare with the donor's and the receiver's own suffixes."""
+        direction = f"{donor_name}_to_{receiver_name}"
+        self.dec.path = f"transplant:{direction}" if kind == DONOR else (
+            f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
+        state = self.transplant_fn(receiver, donor, layers, parts)
+        margins: list[float] = []
+        suffix, _ = continue_greedy(self.dec, state, last, budget, margins)
+        target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
+        rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
+                                          tuple(round(m, 6) for m in margins), self.decode(suffix)))

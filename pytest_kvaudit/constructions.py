@@ -20,7 +20,8 @@ from .schedules import schedule  # noqa: F401  (re-exported: the old home of sch
 
 @dataclass
 class Cost:
-    """Forward calls and tokens actually run, and the least the run's distinct cells needed."""
+    """Forward calls and tokens actually run, and the least the claims need (:mod:`.minimal`: priced from
+    the plan and the records, never counted by the code that runs the forwards)."""
 
     forward_calls: int = 0
     forward_tokens: int = 0
@@ -39,11 +40,13 @@ class Faults:
     """Deliberate faults, to prove that each claim can fail. Each hook gets the *path* being computed: a
     construction's name (``live``, ``prefill``, ``incremental``, ``chunked(4)``), with ``:replica`` for
     its second computation, ``fixed:replay`` / ``fixed:prefill`` for the 2x2's own cells,
-    ``transplant:<direction>`` and ``axis:<attn>:live|prefill``.
+    ``transplant:<direction>`` (``live_to_prefill``, ``prefill_to_live``), ``transplant:sham:<receiver>`` and
+    ``transplant:identical:<direction>`` for donor_following's controls, and ``axis:<attn>:live|prefill``.
 
     - ``logits(logits, path) -> logits`` on every forward's next-token logits;
     - ``state(cache, path)`` on every boundary state built from a schedule (mutate it in place);
-    - ``transplant(receiver, donor, layers, parts) -> cache`` replaces :func:`cache.transplant`.
+    - ``transplant(receiver, donor, layers, parts) -> cache`` replaces :func:`cache.transplant`; the sham
+      control calls it with the receiver's own cache as donor (``receiver is donor``).
     """
 
     logits: Callable[[Any, str], Any] | None = None
@@ -109,6 +112,8 @@ class Continuation:
     label: bool
     #: top-1 minus top-2 logit at each suffix step (float32): near-tie evidence for the anatomy
     margins: tuple[float, ...] = ()
+    #: the suffix decoded to text, for people reading counterexamples (never compared)
+    text: str = ""
 
     @property
     def suffix_fp(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from . import figures as analysis
 from .htmlkit import e, status, table
 from .report import atomic_write_text, display_of, ordered
+from .terminal import LEGEND, fmt_interval
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -50,16 +51,30 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
     names = ordered(report) if claims else []
     for name in names:
         c = claims[name]
-        fig = display_of(report, name).get("figure") or c["reason"]
+        shown = display_of(report, name)
+        fig = shown.get("figure") or c["reason"]
+        stat = shown.get("statistic") or "Wilson 95% CI of k/n"
         why = f"<br><small>{e(c['reason'])}</small>" if c["status"] != "pass" and c["reason"] != fig else ""
-        rows.append([f"<code>{e(name)}</code>", status(c["status"], upper=True), f"{c['k']}/{c['n']}",
-                     f"[{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]", e(fig) + why])
-    parts.append("<h2 id='claims'>Claims</h2>" + table(["claim", "verdict", "k/n", "95% interval", "figure"], rows,
-                                                       "claims"))
+        rows.append([f"<code>{e(name)}</code>", status(c["status"], upper=True), c["n"], c["k"], e(stat),
+                     e(fmt_interval(c.get("interval") if c["n"] else None, signed="Δ" in stat)), e(fig) + why])
+    parts.append("<h2 id='claims'>Claims</h2>" + table(
+        ["claim", "verdict", "n (units judged)", "k (property holds)", "statistic", "interval", "key figure"], rows,
+        "claims") + f"<p><small>{e(LEGEND)}</small></p>")
     for name in names:
         sec = _claim_section(report, name, sections or {})
         if sec:
             parts.append(sec)
+    ce = [(name, d) for name in names for d in claims[name].get("details") or []]
+    if ce:
+        def num(x: Any) -> str:
+            return "-" if x is None else f"{x:.4g}"
+
+        parts.append(f"<h2 id='counterexamples'>Counterexamples ({len(ce)})</h2>" + table(
+            ["claim", "unit", "compared", "first differing position", "top-2 margin (a / b)", "text a", "text b"],
+            [[e(n), e(d.get("unit")), e(f"{d.get('a')} vs {d.get('b')}"), e("-" if d.get("position") is None else
+              d["position"]), e(f"{num(d.get('margin_a'))} / {num(d.get('margin_b'))}"),
+              f"<code>{e(d.get('text_a'))}</code>", f"<code>{e(d.get('text_b'))}</code>"] for n, d in ce],
+            "counterexamples"))
     parts += analysis.sections(report)
     figs = analysis.figures(report)
     if figs:

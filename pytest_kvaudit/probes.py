@@ -28,7 +28,6 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
         dec.path = f"axis:{attn}:live"
         tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
                         lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False))
-        store.cost.minimal_forward_tokens += len(rec.prompt_ids) + max(0, len(tr.generated) - 1)
         if tr.reason is not None:
             rec.probes.axes[attn] = {"eligible": False, "reason": tr.reason}
             continue
@@ -38,7 +37,6 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
         state = dec.build_state(head, [len(head)])
         fp = kv.fingerprint(state)
         suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
-        store.cost.minimal_forward_tokens += len(head) + len(suffix)
         rec.probes.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp, "suffix_equal": suffix == tr.suffix,
                                  "same_trajectory_as_primary": tr.generated == rec.generated}
 
@@ -76,7 +74,6 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
                         **{kv.cache_kwarg(h.model): cache})
             dec.cost.forward_calls += 1
             dec.cost.forward_tokens += int(ids.numel())
-            store.cost.minimal_forward_tokens += int(ids.numel())
             off = width - len(head)
             mine = [t[0:1, :, off:, :] for k_v in kv.layer_kv(cache) for t in k_v]
             same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp

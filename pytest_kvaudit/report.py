@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .claims.base import USER_ORDER, ClaimResult
+from .claims.base import USER_ORDER, ClaimResult, finite
 
 SCHEMA_VERSION = 1
 
@@ -61,7 +61,7 @@ def build(
         "environment": dict(environment),
         "items": dict(items),
         "claims": {name: c.to_dict() for name, c in sorted(claims.items())},
-        "analyses": dict(analyses or {}),
+        "analyses": finite(dict(analyses or {})),  # JSON has no infinities: a distance over nothing is null
         "cost": dict(cost),
         "config": dict(config or {}),
         "display": shown,

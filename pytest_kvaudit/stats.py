@@ -27,6 +27,26 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return (max(0.0, float(ci.low)), min(1.0, float(ci.high)))
 
 
+def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95, limit: int = 10**8) -> int | None:
+    """The least n at which k failures of n have a Wilson upper bound at or below ``max_rate`` (the upper
+    bound falls as n grows with k fixed); None when no n up to ``limit`` gets there. At k=0 and 95% it is
+    ceil(z^2 (1 - r) / r): 189 units for 2%."""
+    if max_rate <= 0:
+        return None
+    n = max(k, 1)
+    if wilson_interval(k, n, confidence)[1] <= max_rate:
+        return n
+    hi = n
+    while wilson_interval(k, hi, confidence)[1] > max_rate:
+        n, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while hi - n > 1:  # upper(n) > max_rate >= upper(hi)
+        mid = (n + hi) // 2
+        n, hi = (mid, hi) if wilson_interval(k, mid, confidence)[1] > max_rate else (n, mid)
+    return hi
+
+
 def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Exact (Clopper-Pearson) interval for a proportion."""
     _check(k, n)

@@ -83,7 +83,7 @@ class Store:
             for d in e["records"]:
                 r = CellRecord.from_dict(d)
                 found[(r.item_id, r.dtype)] = r
-            for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens"):
+            for k in ("forward_calls", "forward_tokens"):
                 setattr(s.cost, k, getattr(s.cost, k) + e["cost"][k])
             s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
             for k, v in e.get("stages", {}).items():
@@ -96,8 +96,15 @@ class Store:
                     s.records[(item.id, dtype)] = found[(item.id, dtype)]
         have = {i for i, _ in found}
         s.missing = [it.id for it in item_set.items if it.id not in have]
+        s.cost.minimal_forward_tokens = s.minimal_tokens()
         s.computed = True
         return s
+
+    def minimal_tokens(self) -> int:
+        """The least forward tokens the claims need over this store's records (:mod:`.minimal`)."""
+        from .minimal import minimal_tokens
+
+        return sum(minimal_tokens(self.records.values(), self.cfg.donor_max_units, self.cfg.primary_dtype).values())
 
     # -- reading -------------------------------------------------------------------------------
     def record(self, item_id: str, dtype: str) -> CellRecord:
@@ -158,6 +165,7 @@ class Store:
         self._handles.clear()
         gc.collect()
         self.cost.seconds = round(time.perf_counter() - t0, 3)
+        self.cost.minimal_forward_tokens = self.minimal_tokens()
         self.computed = True
 
     def _cell(self, builder: CellBuilder, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],

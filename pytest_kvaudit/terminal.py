@@ -2,15 +2,46 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .report import display_of, ordered
 
+#: how many counterexamples the table shows under a claim (the JSON and HTML carry all of them)
+SHOWN_DETAILS = 3
+LEGEND = ("n: units judged; k: units where the claim's property holds; interval: the statistic named, "
+          "'-' where there is none (0/0)")
 
-def _fmt_interval(iv: Iterable[float]) -> str:
-    lo, hi = list(iv)
-    return f"[{lo:.3f}, {hi:.3f}]"
+
+def fmt_interval(iv: Iterable[float | None] | None, signed: bool = False) -> str:
+    """``[lo, hi]`` to three places; a dash for a statistic over nothing (null or non-finite bounds)."""
+    lo, hi = list(iv) if iv is not None else (None, None)
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    f = "+.3f" if signed else ".3f"
+    return f"[{lo:{f}}, {hi:{f}}]"
+
+
+def _snippet(text: str, at: int, width: int = 28) -> str:
+    part = text[max(0, at - 8): at + width]
+    return ("…" if at > 8 else "") + part + ("…" if len(text) > at + width else "")
+
+
+def detail_line(d: Mapping[str, Any]) -> str:
+    """One counterexample: unit, the first differing suffix position, the top-2 margins there, both texts
+    from just before where they part."""
+    ta, tb = str(d.get("text_a") or ""), str(d.get("text_b") or "")
+    at = len(os.path.commonprefix([ta, tb]))
+
+    def m(x: Any) -> str:
+        return "-" if x is None else f"{x:.4g}"
+
+    pos = "equal suffixes" if d.get("position") is None else f"pos {d['position']}"
+    extra = f" ({d['differs']})" if d.get("differs") else ""
+    return (f"{d.get('unit')} {pos}{extra}, margin {m(d.get('margin_a'))}/{m(d.get('margin_b'))}: "
+            f"{d.get('a')} {_snippet(ta, at)!r} vs {d.get('b')} {_snippet(tb, at)!r}")
 
 
 def lines(report: Mapping[str, Any]) -> list[str]:
@@ -30,20 +61,28 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         )
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
-    out.append(f"{'claim':<22} {'verdict':<13} {'k/n':>9}  {'95% interval':<17} figure")
+    out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")
     for name in ordered(report):
         c = report["claims"][name]
-        kn = f"{c['k']}/{c['n']}"
-        fig = display_of(report, name).get("figure") or c["reason"]
-        out.append(f"{name:<22} {c['status'].upper():<13} {kn:>9}  {_fmt_interval(c['interval']):<17} {fig}")
+        shown = display_of(report, name)
+        fig = shown.get("figure") or c["reason"]
+        stat = shown.get("statistic") or "Wilson 95% CI of k/n"
+        iv = fmt_interval(c.get("interval") if c.get("n") else None, signed="Δ" in stat)
+        out.append(f"{name:<22} {c['status'].upper():<13} {c['n']:>5} {c['k']:>5}  {stat:<30} {iv:<17} {fig}")
         if c["status"] != "pass" and fig != c["reason"]:
             out.append(f"{'':<22} └ {c['reason']}")
+        details = c.get("details") or []
+        for d in details[:SHOWN_DETAILS]:
+            out.append(f"{'':<22} · {detail_line(d)}")
+        if len(details) > SHOWN_DETAILS:
+            out.append(f"{'':<22} · and {len(details) - SHOWN_DETAILS} more in the JSON report")
+    out.append(LEGEND)
     cost = report.get("cost", {})
     if cost:
         ratio = cost["forward_tokens"] / cost["minimal_forward_tokens"] if cost.get("minimal_forward_tokens") else 0
         out.append(
             f"cost {cost['forward_calls']} forwards, {cost['forward_tokens']} tokens "
-            f"({ratio:.2f}x the minimum), {cost['seconds']:.1f}s"
+            f"({ratio:.2f}x the {cost['minimal_forward_tokens']} the claims need), {cost['seconds']:.1f}s"
         )
     return out
 

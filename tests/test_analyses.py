@@ -24,7 +24,7 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
     for f in (REPO / "suites").glob("test_*.py"):
         if f.name != "test_ledger_audit.py":
             shutil.copy(f, pytester.path / f.name)
-    pytester.makeini(LOW_BARS + "    layer_sweep.min_units=1\n")
+    pytester.makeini(LOW_BARS)
     # noise in the deepest layer of the prefill state only: the divergence lives in layer 1
     pytester.makeconftest(BREAK + (
         "def last_layer(cache, path):\n"
@@ -46,7 +46,10 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
     assert sweep["minimal_sufficient"]["layers"] == [1]  # the noisy layer alone carries it
     rows = {r["subset"]: r for r in sweep["subsets"]}
     assert rows["1:kv"]["follow_rate"] == 1.0 and rows["0:kv"]["follow_rate"] < 1.0
-    assert data["claims"]["layer_sweep"]["status"] == "pass"
+    assert "layer_sweep" not in data["claims"]  # an analysis; donor_following quotes what it found
+    df = data["claims"]["donor_following"]["figures"]
+    assert "1:kv" in df["sufficient_subsets"] and df["minimal_sufficient"] == "1:kv"
+    assert set(df["differing_layers"]["bf16"]) == {"1"}  # the untouched layer is bit-identical in bf16
     constructions = {(r["dtype"], r["construction"]) for r in a["axes"]}
     assert ("bf16", "chunked(3)") in constructions and ("fp32", "incremental") in constructions
     inc = next(r for r in a["axes"] if r["construction"] == "incremental")
@@ -63,4 +66,8 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
     assert len(re.findall(r"<img alt='[^']+' src='data:image/png;base64,", html)) == 4
     for section in ("matched", "2x2", "transplant", "anatomy", "sweep", "axes", "batch"):
         assert f"class=\"{section}\"" in html
-    res.stdout.fnmatch_lines(["*layer_sweep*PASS*"])
+    res.stdout.fnmatch_lines(["*donor_following*PASS*differing layers bf16 1; fp32 0,1*"])
+    # every counterexample, with its texts, in the HTML; the first three in the terminal
+    details = [d for c in data["claims"].values() for d in c.get("details", [])]
+    assert details and "id='counterexamples'" in html
+    assert html.count("<tr>") >= len(details)

@@ -19,7 +19,6 @@ from . import (  # noqa: F401  (importing registers the built-in claims, in the 
     bridge_bitexact,
     donor_following,
     fixed_prefix_2x2,
-    layer_sweep,
     ledger_audit,
     matched_construction,
     replica_exactness,
@@ -34,9 +33,10 @@ from .base import (
     Threshold,
     exact_result,
     get,
+    least_units,
     register,
     registered,
 )
 
 __all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Claim", "ClaimResult", "Evidence", "Threshold", "exact_result", "get",
-           "register", "registered"]
+           "least_units", "register", "registered"]

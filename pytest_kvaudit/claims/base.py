@@ -9,10 +9,12 @@ pytest, so a claim can be judged from a saved store export.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from ..analyses import first_divergence
 from ..errors import KvauditError
 from ..stats import wilson_interval
 
@@ -25,9 +27,28 @@ PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 USER_ORDER = 1000
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every infinite or NaN float replaced by None (JSON has no infinities)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+NO_INTERVAL = (math.nan, math.nan)  # a statistic over no units: null in JSON, a dash in the table
+
+
 @dataclass
 class ClaimResult:
-    """One verdict: ``k`` of ``n`` units hold, a 95% interval, the reason and the claim's figures."""
+    """One verdict: ``k`` of ``n`` units hold, a 95% interval, the reason and the claim's figures.
+
+    ``counterexamples`` names the units (``item@dtype ...``); ``details`` carries one dict per
+    counterexample for people reading it: ``unit``, ``item``, ``dtype``, the two continuations compared
+    (``a``, ``b``), the first differing suffix ``position``, the top-2 margin there under each
+    (``margin_a``, ``margin_b``) and both continuations as decoded text (``text_a``, ``text_b``)."""
 
     name: str
     status: str
@@ -37,15 +58,17 @@ class ClaimResult:
     reason: str
     figures: dict[str, Any] = field(default_factory=dict)
     counterexamples: list[str] = field(default_factory=list)
+    details: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["interval"] = [round(x, 6) for x in self.interval]
-        return d
+        d = finite(asdict(self))
+        d["interval"] = [None if x is None else round(x, 6) for x in d["interval"]]
+        return d  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClaimResult:
-        return cls(**{**d, "interval": tuple(d["interval"])})
+        iv = tuple(math.nan if x is None else float(x) for x in d["interval"])
+        return cls(**{**d, "interval": iv})
 
 
 @dataclass(frozen=True)
@@ -86,7 +109,7 @@ class Claim:
     title: ClassVar[str] = ""
     #: every tunable with its default; a ``kvaudit_claim`` marker or an ini line overrides any of them
     thresholds: ClassVar[dict[str, Threshold]] = {}
-    #: the least evidence the claim needs, in words (the thresholds hold the numbers)
+    #: the least evidence the claim needs, in words (the thresholds hold the numbers; :meth:`needs` says them)
     evidence: ClassVar[str] = ""
     #: names of keyword inputs the claim's test passes to ``kvaudit_judge.claim`` (e.g. ``snapshot``)
     inputs: ClassVar[tuple[str, ...]] = ()
@@ -108,6 +131,17 @@ class Claim:
                     raise KvauditError(f"claim {self.name}: threshold {k}={v!r} is not a number") from None
         return th
 
+    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+        """The least evidence below which the claim is inconclusive, as numbers a plan can set against what
+        it will compute: ``{what: amount}`` (units, or a rate such as ``label_rate``). By default the
+        ``min_units`` threshold, when the claim has one."""
+        return {"units": int(thresholds["min_units"])} if "min_units" in thresholds else {}
+
+    def statistic(self, result: ClaimResult) -> str:
+        """What the result's interval is, named for the table's statistic column."""
+        conf = result.figures.get("confidence", 0.95) if isinstance(result.figures, Mapping) else 0.95
+        return f"Wilson {conf:.0%} CI of k/n"
+
     def judge(self, ev: Evidence) -> ClaimResult:
         raise NotImplementedError
 
@@ -126,13 +160,17 @@ class Claim:
     def display(self, result: ClaimResult) -> dict[str, Any]:
         """What renderers need without the claim's code: order, title, key figure and watched rates."""
         return {"order": self.order, "title": self.title or self.name, "figure": self.key_figure(result),
+                "statistic": self.statistic(result),
                 "rates": {k: list(v) for k, v in self.rates(result.figures).items()}}
 
     def result(self, status: str, n: int, k: int, reason: str, figures: dict[str, Any] | None = None,
-               counterexamples: list[str] | None = None, interval: tuple[float, float] | None = None) -> ClaimResult:
-        """A result of this claim, with a Wilson interval on k/n unless another is given."""
-        return ClaimResult(self.name, status, n, k, wilson_interval(k, n) if interval is None else interval, reason,
-                           figures or {}, counterexamples or [])
+               counterexamples: list[str] | None = None, interval: tuple[float, float] | None = None,
+               details: list[dict[str, Any]] | None = None) -> ClaimResult:
+        """A result of this claim, with a Wilson interval on k/n unless another is given (none at n = 0)."""
+        if interval is None:
+            interval = wilson_interval(k, n) if n else NO_INTERVAL
+        return ClaimResult(self.name, status, n, k, interval, reason, figures or {}, counterexamples or [],
+                           details or [])
 
 
 _REGISTRY: dict[str, Claim] = {}
@@ -146,6 +184,16 @@ def register(cls: C) -> C:
         raise KvauditError(f"claim class {cls.__qualname__} needs a class attribute name = 'an_identifier'")
     _REGISTRY[name] = cls()
     return cls
+
+
+def least_units(claim: Claim | str, thresholds: Mapping[str, Any] | None = None,
+                config: AuditConfig | None = None) -> dict[str, float | None]:
+    """What ``claim`` needs to decide, with its default thresholds (from ``config`` where they depend on it)
+    overridden by ``thresholds``: ``{what: amount}``, as :meth:`Claim.needs` says it."""
+    from ..config import AuditConfig
+
+    c = get(claim) if isinstance(claim, str) else claim
+    return c.needs(c.resolve(config or AuditConfig(), thresholds or {}))
 
 
 def get(name: str) -> Claim:
@@ -190,4 +238,18 @@ def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reaso
     n, k = len(units), len(units) - len(bad)
     status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
     why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
-    return ClaimResult(name, status, n, k, wilson_interval(k, n), reason or why, {}, bad)
+    return ClaimResult(name, status, n, k, wilson_interval(k, n) if n else NO_INTERVAL, reason or why, {}, bad)
+
+
+def detail(rec: CellRecord, a_name: str, a: Any, b_name: str, b: Any, **extra: Any) -> dict[str, Any]:
+    """One counterexample for people: where continuation ``a`` and ``b`` (anything with ``suffix``,
+    ``margins`` and ``text``) of ``rec`` part, the top-2 margin there under each, and both as text."""
+    j = first_divergence(a.suffix, b.suffix)
+
+    def margin(c: Any) -> float | None:
+        m = getattr(c, "margins", ())
+        return m[j] if j is not None and j < len(m) else None
+
+    return {"unit": f"{rec.item_id}@{rec.dtype}", "item": rec.item_id, "dtype": rec.dtype, "a": a_name, "b": b_name,
+            "position": j, "margin_a": margin(a), "margin_b": margin(b), "text_a": getattr(a, "text", ""),
+            "text_b": getattr(b, "text", ""), **extra}

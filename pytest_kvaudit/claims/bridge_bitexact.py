@@ -6,7 +6,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..htmlkit import e, section, status, table
-from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, ineligible_note, names, register
+from .base import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Claim,
+    ClaimResult,
+    Evidence,
+    Threshold,
+    detail,
+    ineligible_note,
+    names,
+    register,
+)
 
 
 @register
@@ -17,21 +29,26 @@ class BridgeBitexact(Claim):
     thresholds = {"min_units": Threshold(12, "least eligible items compared", "items x precisions")}
     evidence = "min_units eligible (item, precision) units whose cache is plain per-layer K/V"
 
+    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+        return {"items_x_precisions": int(thresholds["min_units"])}
+
     def judge(self, ev: Evidence) -> ClaimResult:
         rows = ev.eligible()
         unsupported = sorted({r.unsupported for r in rows if r.unsupported})
         if unsupported:
-            return self.result(INCONCLUSIVE, 0, 0, unsupported[0], interval=(0.0, 1.0))
-        bad = []
+            return self.result(INCONCLUSIVE, 0, 0, unsupported[0])
+        bad, details = [], []
         for r in rows:
             a, b = r.constructions["live"], r.constructions["incremental"]
             if r.bridge_mismatch or not a.same_as(b):
                 where = f"K/V of layers {','.join(r.bridge_mismatch)}" if r.bridge_mismatch else (
                     "suffix" if a.suffix != b.suffix else "logits")
                 bad.append(f"{r.item_id}@{r.dtype} ({where})")
+                details.append(detail(r, "live", a, "incremental", b, differs=where))
         n, k = len(rows), len(rows) - len(bad)
         if bad:
-            return self.result(FAIL, n, k, f"incremental differs from live on {names(bad)}", {"mismatches": len(bad)}, bad)
+            return self.result(FAIL, n, k, f"incremental differs from live on {names(bad)}", {"mismatches": len(bad)}, bad,
+                               details=details)
         if n < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
                                                    f"{ineligible_note(ev.records)}")

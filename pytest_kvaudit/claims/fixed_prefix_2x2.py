@@ -7,21 +7,71 @@ from typing import Any
 
 from ..config import LOW_PRECISION
 from ..htmlkit import section, table
-from ..stats import wilson_interval
-from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, combine, names, register
+from ..stats import least_units_for_upper, wilson_interval
+from .base import (
+    FAIL,
+    INCONCLUSIVE,
+    NO_INTERVAL,
+    PASS,
+    Claim,
+    ClaimResult,
+    Evidence,
+    Threshold,
+    combine,
+    detail,
+    names,
+    register,
+)
 
 
 @register
 class FixedPrefix2x2(Claim):
+    """The 2x2 holds the prefix ids fixed and crosses construction (teacher-forced replay vs one-shot
+    prefill, each on a fresh cache) with precision.
+
+    **The fixed prefix** is the first precision's own prefix (``--kvaudit-dtypes``' first entry), id for id,
+    for every item where that trajectory reached its boundary. Every precision computes its own two cells
+    (``fixed:replay``, ``fixed:prefill``) on those ids, also where its own trajectory was ineligible: the
+    2x2 never reuses the matched run's cells, so what it reports is a second observation.
+
+    **High precision** (fp32): its unit is an item with the two fixed cells; it passes when the Wilson upper
+    bound of the share of units whose two suffixes differ is at most ``max_rate``, fails when the observed
+    share is above it, and is inconclusive otherwise, saying how many units it would need (the least n with
+    a Wilson upper bound at or below ``max_rate``: 189 at 0 disagreements and 2%).
+
+    **Recurrence** (each low precision, bf16 and fp16): the matched comparison (live cache vs prefill) at a
+    precision runs on *that precision's own* prefix, so it can only be set against the 2x2 where the two
+    are over the same ids. The comparable units of a low precision are its eligible items whose own prefix
+    equals the fixed prefix, id for id: always all of its eligible items when it is the first precision;
+    when the prefix came from another precision (``--kvaudit-dtypes=fp32,bf16``, or fp16 after bf16), the
+    items where its own trajectory reached the same prefix. On those units, the set whose fixed-prefix
+    cells disagree must equal the set whose matched cells disagree (``recurrence`` k/n: matched
+    divergences that recur in the 2x2 / matched divergences), and at least ``min_recurring`` matched
+    divergences must be there to recur; units outside the comparison still count in ``disagreements``
+    and are reported as ``recurrence_excluded``.
+    """
+
     name = "fixed_prefix_2x2"
     order = 30
     title = "Fixed-prefix 2x2"
     thresholds = {
-        "min_units": Threshold(20, "least fixed-prefix units per precision", "items"),
         "max_rate": Threshold(0.02, "the high precision's disagreement rate must stay at or below this", "rate"),
         "confidence": Threshold(0.95, "confidence of the Wilson interval"),
+        "min_recurring": Threshold(1, "least matched divergences at each low precision for recurrence to be observed",
+                                   "divergent units"),
     }
-    evidence = "a low and a high precision; min_units fixed-prefix units each"
+    evidence = ("a low and a high precision; at the high one, enough fixed-prefix units for the Wilson upper bound "
+                "to clear max_rate; at each low one, min_recurring matched divergences on the fixed prefix ids")
+
+    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+        # None: no number of units clears max_rate (a max_rate of 0)
+        return {"units_per_high_precision": least_units_for_upper(thresholds["max_rate"], 0, thresholds["confidence"]),
+                "divergent_units_per_low_precision": int(thresholds["min_recurring"])}
+
+    def statistic(self, result: ClaimResult) -> str:
+        f = result.figures
+        high = ",".join(d for d in f.get("n", {}) if d not in LOW_PRECISION)
+        return f"Wilson {f.get('confidence', 0.95):.0%} CI agree {high}".rstrip()
 
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
@@ -29,55 +79,75 @@ class FixedPrefix2x2(Claim):
         high = [d for d in dtypes if d not in LOW_PRECISION]
         disagreements: dict[str, int] = {}
         units: dict[str, int] = {}
-        statuses, reasons, bad = [], [], []
-        figs: dict[str, Any] = {"disagreements": disagreements, "n": units, "prefix_from": dtypes[0]}
+        statuses, reasons, bad, details = [], [], [], []
+        figs: dict[str, Any] = {"disagreements": disagreements, "n": units, "prefix_from": dtypes[0],
+                                "confidence": th["confidence"]}
         for d in dtypes:
             rows = [r for r in records if r.dtype == d and r.fixed]
             units[d] = len(rows)
-            dis = [r.item_id for r in rows if r.fixed["replay"].suffix != r.fixed["prefill"].suffix]
+            dis = [r for r in rows if r.fixed["replay"].suffix != r.fixed["prefill"].suffix]
             disagreements[d] = len(dis)
             if d in LOW_PRECISION:
-                matched = {r.item_id for r in rows
-                           if r.eligible and r.constructions["live"].suffix != r.constructions["prefill"].suffix}
-                fixed_set = set(dis)
+                comp = [r for r in rows if r.recurrence_comparable]
+                matched = {r.item_id for r in comp if r.constructions["live"].suffix != r.constructions["prefill"].suffix}
+                fixed_set = {r.item_id for r in comp if r.fixed["replay"].suffix != r.fixed["prefill"].suffix}
                 recur = len(matched & fixed_set)
                 figs.setdefault("recurrence", {})[d] = [recur, len(matched)]
+                figs.setdefault("recurrence_units", {})[d] = len(comp)
+                figs.setdefault("recurrence_excluded", {})[d] = len(rows) - len(comp)
+                figs.setdefault("fixed_only", {})[d] = len(fixed_set - matched)
                 if d == dtypes[0]:
                     figs["recurrence_primary"] = [recur, len(matched)]
                 if matched != fixed_set:
                     statuses.append(FAIL)
                     extra = sorted(fixed_set ^ matched)
                     bad += [f"{i}@{d}" for i in extra]
-                    reasons.append(f"{d}: fixed-prefix divergent set differs from the matched one on {names(extra)}")
-                elif len(rows) < th["min_units"]:
+                    by_id = {r.item_id: r for r in comp}
+                    for i in extra:
+                        r = by_id[i]
+                        a, b = (("fixed:replay", r.fixed["replay"]), ("fixed:prefill", r.fixed["prefill"])) if (
+                            i in fixed_set) else (("live", r.constructions["live"]), ("prefill", r.constructions["prefill"]))
+                        details.append(detail(r, a[0], a[1], b[0], b[1],
+                                              side="2x2 only" if i in fixed_set else "matched only"))
+                    reasons.append(f"{d}: the 2x2's divergent set differs from the matched one on {names(extra)} "
+                                   f"({len(fixed_set - matched)} in the 2x2 only, {len(matched - fixed_set)} matched only)")
+                elif len(matched) < th["min_recurring"]:
                     statuses.append(INCONCLUSIVE)
-                    reasons.append(f"{d}: {len(rows)} fixed-prefix units, needs {int(th['min_units'])}")
+                    reasons.append(f"{d}: {len(matched)} matched divergences on the fixed prefix ids ({len(comp)} units), "
+                                   f"needs {int(th['min_recurring'])} to observe recurrence")
                 else:
                     statuses.append(PASS)
-                    reasons.append(f"{d}: {recur}/{len(matched)} divergences recur")
+                    reasons.append(f"{d}: {recur}/{len(matched)} divergences recur on fresh caches "
+                                   f"({len(comp)} units with the same prefix ids)")
             else:
-                n = len(rows)
-                lo, hi = wilson_interval(len(dis), n, th["confidence"])
-                figs.setdefault("disagreement_upper", {})[d] = hi
-                rate = len(dis) / n if n else 0.0
-                bad += [f"{i}@{d}" for i in dis]
+                n, k = len(rows), len(dis)
+                lo, hi = wilson_interval(k, n, th["confidence"])
+                figs.setdefault("disagreement_upper", {})[d] = hi if n else None
+                rate = k / n if n else 0.0
+                need = least_units_for_upper(th["max_rate"], k, th["confidence"])
+                figs.setdefault("units_needed", {})[d] = need
+                bad += [f"{r.item_id}@{d}" for r in dis]
+                details += [detail(r, "fixed:replay", r.fixed["replay"], "fixed:prefill", r.fixed["prefill"]) for r in dis]
                 if n and rate > th["max_rate"]:
                     statuses.append(FAIL)
-                    reasons.append(f"{d}: {len(dis)}/{n} decoded disagreements ({rate:.1%} > {th['max_rate']:.0%}): {names(dis)}")
-                elif n >= th["min_units"] and hi <= th["max_rate"]:
+                    reasons.append(f"{d}: {k}/{n} decoded disagreements ({rate:.1%} > {th['max_rate']:.0%}): "
+                                   f"{names(r.item_id for r in dis)}")
+                elif n and hi <= th["max_rate"]:
                     statuses.append(PASS)
-                    reasons.append(f"{d}: {len(dis)}/{n} disagreements, Wilson upper {hi:.2%} <= {th['max_rate']:.0%}")
+                    reasons.append(f"{d}: {k}/{n} disagreements, Wilson upper {hi:.2%} <= {th['max_rate']:.0%}")
                 else:
                     statuses.append(INCONCLUSIVE)
-                    reasons.append(f"{d}: {len(dis)}/{n} disagreements, Wilson upper {hi:.2%} above "
-                                   f"{th['max_rate']:.0%}: too few units")
+                    upper = f"Wilson upper {hi:.2%}" if n else "no Wilson bound"
+                    needs = f"needs {need} units at {k} disagreements" if need else "no number of units clears it"
+                    reasons.append(f"{d}: {k}/{n} disagreements, {upper} above {th['max_rate']:.0%}: {needs}, has {n}")
         if not low or not high:
             statuses.append(INCONCLUSIVE)
             reasons.append("the 2x2 needs a low (bf16/fp16) and a high (fp32) precision in --kvaudit-dtypes")
         n_hi = sum(units[d] for d in high)
         k_hi = n_hi - sum(disagreements[d] for d in high)
         return self.result(combine(statuses), n_hi, k_hi, "; ".join(reasons), figs, bad,
-                           interval=wilson_interval(k_hi, n_hi, th["confidence"]))
+                           interval=wilson_interval(k_hi, n_hi, th["confidence"]) if n_hi else NO_INTERVAL,
+                           details=details)
 
     def key_figure(self, result: ClaimResult) -> str:
         f = result.figures
@@ -85,10 +155,10 @@ class FixedPrefix2x2(Claim):
             return result.reason
         parts = [f"{d}: {v}/{f['n'][d]} disagree" for d, v in f["disagreements"].items()]
         for d, hi in f.get("disagreement_upper", {}).items():
-            parts.append(f"{d} Wilson upper {hi:.2%}")
-        rec = f.get("recurrence_primary")
-        if rec:
-            parts.append(f"recurrence {rec[0]}/{rec[1]}")
+            parts.append(f"{d} Wilson upper " + ("-" if hi is None else f"{hi:.2%}"))
+        for d, (k, n) in f.get("recurrence", {}).items():
+            excluded = f.get("recurrence_excluded", {}).get(d, 0)
+            parts.append(f"{d} recurrence {k}/{n}" + (f" ({excluded} units on another prefix)" if excluded else ""))
         return "; ".join(parts)
 
     def rates(self, figures: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
@@ -100,8 +170,10 @@ class FixedPrefix2x2(Claim):
         if not fx.get("disagreements"):
             return None
         up = fx.get("disagreement_upper", {})
-        rows = [[d, f"{fx['disagreements'][d]}/{fx['n'][d]}", f"{up[d]:.2%}" if d in up else "-",
-                 "/".join(map(str, fx.get("recurrence", {}).get(d, []))) or "-"] for d in fx["disagreements"]]
+        rows = [[d, f"{fx['disagreements'][d]}/{fx['n'][d]}", f"{up[d]:.2%}" if up.get(d) is not None else "-",
+                 "/".join(map(str, fx.get("recurrence", {}).get(d, []))) or "-",
+                 fx.get("recurrence_units", {}).get(d, "-"), fx.get("recurrence_excluded", {}).get(d, "-")]
+                for d in fx["disagreements"]]
         return section("2x2", f"{self.title} (prefix ids from {fx.get('prefix_from')})", table(
-            ["precision", "replay vs prefill disagreements", "Wilson upper bound", "recurrence of matched set"], rows,
-            "2x2"))
+            ["precision", "replay vs prefill disagreements", "Wilson upper bound", "recurrence of matched set",
+             "units on the same prefix ids", "units on another prefix"], rows, "2x2"))

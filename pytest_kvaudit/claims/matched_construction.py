@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..htmlkit import section, table
 from ..stats import mcnemar_exact, paired_bootstrap_ci
-from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, combine, ineligible_note, register
+from .base import (
+    FAIL,
+    INCONCLUSIVE,
+    NO_INTERVAL,
+    PASS,
+    Claim,
+    ClaimResult,
+    Evidence,
+    Threshold,
+    combine,
+    detail,
+    ineligible_note,
+    register,
+)
 
 if TYPE_CHECKING:
     from ..config import AuditConfig
@@ -15,7 +29,9 @@ if TYPE_CHECKING:
 
 def _iv(iv: Any) -> str:
     lo, hi = list(iv)
-    return f"[{lo:.3f}, {hi:.3f}]"
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"[{lo:+.3f}, {hi:+.3f}]"
 
 
 @register
@@ -25,60 +41,85 @@ class MatchedConstruction(Claim):
     title = "Matched experiment: live vs prefill of identical ids"
     thresholds = {
         "min_units": Threshold(20, "least eligible items per precision", "items"),
+        "min_label_rate": Threshold(0.8, "least share of eligible items whose answer is extracted on both sides",
+                                    "rate"),
         "margin": Threshold(0.06, "the accuracy difference's CI must lie within ±margin to pass", "accuracy"),
         "confidence": Threshold(0.95, "confidence of the paired bootstrap interval"),
         "n_resamples": Threshold(10000, "bootstrap resamples", "resamples"),
         "seed": Threshold(0, "bootstrap seed (default: --kvaudit-seed)"),
     }
-    evidence = "min_units eligible items per precision, live and prefill labels for each"
+    evidence = ("min_units eligible items per precision, and an answer extracted from both the live and the prefill "
+                "continuation on at least min_label_rate of them")
 
     def defaults(self, config: AuditConfig) -> dict[str, float]:
         return {**super().defaults(config), "seed": float(config.seed)}
 
+    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+        return {"eligible_items_per_precision": int(thresholds["min_units"]),
+                "label_rate": float(thresholds["min_label_rate"])}
+
+    def statistic(self, result: ClaimResult) -> str:
+        f = result.figures
+        first = next(iter(f.get("n", {}) or {}), "")
+        return f"bootstrap {f.get('confidence', 0.95):.0%} CI Δacc {first}".rstrip()
+
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
-        figs: dict[str, dict[str, Any]] = {
+        figs: dict[str, Any] = {
             k: {} for k in ("divergent_suffixes", "label_disagreements", "accuracy_live", "accuracy_prefill",
-                            "accuracy_diff", "accuracy_diff_ci", "mcnemar_p", "n")
+                            "accuracy_diff", "accuracy_diff_ci", "mcnemar_p", "n", "labels_extracted", "discordant")
         }
-        statuses, reasons, divergent_items = [], [], []
+        figs["confidence"] = th["confidence"]
+        statuses, reasons, divergent_items, details = [], [], [], []
         n_all = k_all = 0
-        primary_ci: tuple[float, float] = (float("-inf"), float("inf"))
+        primary_ci: tuple[float, float] = NO_INTERVAL
         for d in dtypes:
             rows = [r for r in records if r.dtype == d and r.eligible]
             live = [bool(r.constructions["live"].label) for r in rows]
             pre = [bool(r.constructions["prefill"].label) for r in rows]
-            div = [r.item_id for r in rows if r.constructions["live"].suffix != r.constructions["prefill"].suffix]
+            extracted = sum(r.constructions["live"].answer is not None and r.constructions["prefill"].answer is not None
+                            for r in rows)
+            div = [r for r in rows if r.constructions["live"].suffix != r.constructions["prefill"].suffix]
             n = len(rows)
             n_all += n
             k_all += n - len(div)
-            divergent_items += [f"{i}@{d}" for i in div]
+            divergent_items += [f"{r.item_id}@{d}" for r in div]
+            details += [detail(r, "live", r.constructions["live"], "prefill", r.constructions["prefill"],
+                               label_a=r.constructions["live"].label, label_b=r.constructions["prefill"].label)
+                        for r in div]
             ci = paired_bootstrap_ci(live, pre, th["confidence"], int(th["n_resamples"]), int(th["seed"])) if n else (
-                float("-inf"), float("inf"))
+                NO_INTERVAL)
             if d == dtypes[0]:
                 primary_ci = ci
-            acc_l = sum(live) / n if n else 0.0
-            acc_p = sum(pre) / n if n else 0.0
+            acc_l = sum(live) / n if n else None
+            acc_p = sum(pre) / n if n else None
             f = {"divergent_suffixes": len(div), "label_disagreements": sum(a != b for a, b in zip(live, pre)),
-                 "accuracy_live": acc_l, "accuracy_prefill": acc_p, "accuracy_diff": acc_l - acc_p,
-                 "accuracy_diff_ci": [ci[0], ci[1]], "mcnemar_p": mcnemar_exact(live, pre) if n else 1.0, "n": n}
+                 "accuracy_live": acc_l, "accuracy_prefill": acc_p,
+                 "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p,
+                 "accuracy_diff_ci": [ci[0], ci[1]], "mcnemar_p": mcnemar_exact(live, pre) if n else None, "n": n,
+                 "labels_extracted": [extracted, n],
+                 "discordant": [sum(a and not b for a, b in zip(live, pre)), sum(b and not a for a, b in zip(live, pre))]}
             for key, val in f.items():
                 figs[key][d] = val
-            m = th["margin"]
+            m, need = th["margin"], th["min_label_rate"]
             if n < th["min_units"]:
                 statuses.append(INCONCLUSIVE)
                 reasons.append(f"{d}: {n} eligible items, needs {int(th['min_units'])}")
+            elif extracted < need * n:
+                statuses.append(INCONCLUSIVE)
+                reasons.append(f"{d}: an answer extracted on both sides for {extracted}/{n} eligible items "
+                               f"({extracted / n:.0%}), needs {need:.0%} ({math.ceil(need * n)}): check the answer regex")
             elif ci[0] > 0 or ci[1] < 0:
                 statuses.append(FAIL)
-                reasons.append(f"{d}: accuracy differs, diff {acc_l - acc_p:+.3f} CI [{ci[0]:+.3f}, {ci[1]:+.3f}] excludes 0")
+                reasons.append(f"{d}: accuracy differs, diff {f['accuracy_diff']:+.3f} CI {_iv(ci)} excludes 0")
             elif -m <= ci[0] and ci[1] <= m:
                 statuses.append(PASS)
-                reasons.append(f"{d}: {len(div)}/{n} suffixes diverge, accuracy diff CI [{ci[0]:+.3f}, {ci[1]:+.3f}] within ±{m:g}")
+                reasons.append(f"{d}: {len(div)}/{n} suffixes diverge, accuracy diff CI {_iv(ci)} within ±{m:g}")
             else:
                 statuses.append(INCONCLUSIVE)
-                reasons.append(f"{d}: accuracy diff CI [{ci[0]:+.3f}, {ci[1]:+.3f}] wider than ±{m:g}")
+                reasons.append(f"{d}: accuracy diff CI {_iv(ci)} wider than ±{m:g}")
         return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records), figs,
-                           divergent_items, interval=primary_ci)
+                           divergent_items, interval=primary_ci, details=details)
 
     def key_figure(self, result: ClaimResult) -> str:
         f = result.figures
@@ -86,7 +127,7 @@ class MatchedConstruction(Claim):
             return result.reason
         return "; ".join(
             f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
-            f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}"
+            + ("Δacc -" if f["accuracy_diff"][d] is None else f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}")
             for d in f["divergent_suffixes"]
         )
 
@@ -98,10 +139,14 @@ class MatchedConstruction(Claim):
         mc = result.get("figures", {})
         if not mc.get("divergent_suffixes"):
             return None
+        def num(x: Any, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
         rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}", mc["label_disagreements"][d],
-                 f"{mc['accuracy_live'][d]:.3f}", f"{mc['accuracy_prefill'][d]:.3f}", f"{mc['accuracy_diff'][d]:+.3f}",
-                 f"[{mc['accuracy_diff_ci'][d][0]:+.3f}, {mc['accuracy_diff_ci'][d][1]:+.3f}]"]
+                 "/".join(map(str, mc.get("labels_extracted", {}).get(d, []))) or "-",
+                 num(mc["accuracy_live"][d], ".3f"), num(mc["accuracy_prefill"][d], ".3f"),
+                 num(mc["accuracy_diff"][d], "+.3f"), _iv(mc["accuracy_diff_ci"][d])]
                 for d in mc["divergent_suffixes"]]
         return section("matched", self.title, table(
-            ["precision", "divergent suffixes", "label disagreements", "accuracy live", "accuracy prefill", "Δ",
-             "paired 95% CI"], rows, "matched"))
+            ["precision", "divergent suffixes", "label disagreements", "labels extracted", "accuracy live",
+             "accuracy prefill", "Δ", "paired 95% CI"], rows, "matched"))
