@@ -47,9 +47,13 @@ class Judge:
             pytest.fail(str(exc), pytrace=False)
         ev = claims.Evidence(list(self.store.records.values()), th, self.store.cfg, self.store, inputs)
         result = claim.judge(ev)
-        if self.store.missing and result.status == claims.PASS:
-            result.status = claims.INCONCLUSIVE
-            result.reason = f"{len(self.store.missing)} items missing (a worker died): {result.reason}"
+        if self.store.missing and result.status != claims.FAIL:
+            # units the run planned and never got back (a dead worker, a lost shard): no verdict can stand
+            lost = self.store.missing
+            result.status = claims.FAIL
+            result.reason = (f"{len(lost)} items missing (a worker died or the run was cut short): "
+                             f"{', '.join(lost[:6])}{' and more' if len(lost) > 6 else ''}; {result.reason}")
+            result.counterexamples = [*(f"{i} (missing)" for i in lost), *result.counterexamples]
         return self.verdict(result, claim)
 
     def exact(self, name: str, units: Mapping[str, bool], min_units: int = 1, reason: str = "") -> claims.ClaimResult:

@@ -103,10 +103,36 @@ def parse(text: str, where: str) -> dict[str, Any]:
     for key in ("model", "environment", "config"):
         if not isinstance(doc.get(key), dict):
             raise KvauditError(f"ledger {where} lacks its '{key}' block: re-record with --snapshot-update")
+    if not doc["units"]:
+        raise KvauditError(f"ledger {where} holds no units: re-record it with --snapshot-update")
     for name, u in doc["units"].items():
         if not isinstance(u, dict) or "generated" not in u:
             raise KvauditError(f"ledger {where}: unit {name!r} is malformed: re-record with --snapshot-update")
     return doc
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The ledger at ``path``, parsed; an unreadable or damaged file is one error naming it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise KvauditError(f"ledger {path} is not UTF-8 text: restore it from git or re-record with "
+                           "--snapshot-update") from None
+    except OSError as exc:
+        raise KvauditError(f"ledger {path} cannot be read ({exc.strerror}): check its permissions") from None
+    return parse(text, str(path))
+
+
+def sweep_temporary(path: Path) -> list[Path]:
+    """Remove what a killed atomic write of ``path`` left behind (``.NAME.*.tmp`` beside it)."""
+    gone = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            tmp.unlink()
+            gone.append(tmp)
+        except OSError:
+            pass
+    return gone
 
 
 def identity_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], tokens_only: bool) -> list[str]:

@@ -220,15 +220,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from .html import write
 
         write(rep, sess.html_path, {n: d.get("html") for n, d in sess.display.items() if "html" in d})
-    if config.getoption("update_snapshots", False) and any(c.inputs for c in _ledger_claims(sess)):
-        # the run's verdicts beside its ledger: what --kvaudit-baseline compares a new checkpoint with
+    if config.getoption("update_snapshots", False) and any(c.figures.get("recorded") is True
+                                                            for c in sess.claims.values()):
+        # the run's verdicts beside the ledger it recorded: what --kvaudit-baseline compares the next checkpoint
+        # with (a refused recording leaves both as they were)
         path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
-
-
-def _ledger_claims(sess: KvauditSession) -> list[Any]:
-    """The run's claims that record snapshots (they take syrupy's snapshot as an input)."""
-    from .claims import base
-
-    known = {c.name: c for c in base.registered()}
-    return [known[n] for n in sess.claims if n in known and "snapshot" in known[n].inputs]

@@ -83,6 +83,84 @@ def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Pa
     res.stdout.fnmatch_lines(["*ledger_audit*PASS*6*6*"])
 
 
+def test_a_smaller_update_keeps_the_larger_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    """The rule: --snapshot-update replaces a ledger only from a complete run over at least its units."""
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    report = path.parent.parent / "report.json"
+    before, report_before = path.read_bytes(), report.read_bytes()
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "--snapshot-update",
+                                        "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    res.stdout.fnmatch_lines(["*ledger_audit FAILED: ledger not recorded: * holds 12 units and this run 6 (6 recorded "
+                              "units would be lost, e.g. t03@bf16, *): --snapshot-update replaces a ledger only from a "
+                              "run over all its units*"])
+    assert path.read_bytes() == before and report.read_bytes() == report_before
+
+
+def test_a_larger_run_audits_what_was_recorded_and_says_the_rest(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup(pytester)
+    pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "--snapshot-update",
+                                  "-p", "no:cacheprovider")
+    res, c = run(pytester, tiny_llama)
+    res.assert_outcomes(passed=1)
+    assert (c["k"], c["n"], c["figures"]["not_recorded"]) == (6, 6, 6)
+    res.stdout.fnmatch_lines(["*kvaudit claims*", "*6 units of this run are not in the ledger*"])
+
+
+@pytest.mark.parametrize("damage", ["empty-units", "not-utf8"])
+def test_a_damaged_ledger_is_one_line_naming_it(pytester: pytest.Pytester, tiny_llama: Path, damage: str) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    if damage == "empty-units":
+        doc = json.loads(path.read_text())
+        doc["units"] = {}
+        path.write_text(json.dumps(doc))
+        line = f"*ledger_audit FAILED: ledger {path} holds no units: re-record it with --snapshot-update*"
+    else:
+        path.write_bytes(b"\xff\xfe" + path.read_bytes())
+        line = f"*ledger_audit FAILED: ledger {path} is not UTF-8 text*"
+    res, c = run(pytester, tiny_llama)
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines([line])
+    res.stdout.no_fnmatch_line("*Traceback*")
+
+
+CRASH_SHARD_1 = """
+import os
+from pytest_kvaudit.cells import CellBuilder
+_compute = CellBuilder.compute
+def compute(self, item, *a):
+    if item.id == os.environ.get("KVAUDIT_TEST_CRASH_AT"):
+        os._exit(3)
+    return _compute(self, item, *a)
+CellBuilder.compute = compute
+"""
+
+
+@pytest.mark.parametrize("crash_at", ["t01", "t05"])
+def test_a_worker_killed_during_an_update_records_nothing(pytester: pytest.Pytester, tiny_llama: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, crash_at: str) -> None:
+    setup(pytester)
+    run(pytester, tiny_llama, "--snapshot-update")
+    path = pytester.path / LEDGER.format(slug=tiny_llama.name)
+    before = path.read_bytes()
+    pytester.makeconftest(NOISE + CRASH_SHARD_1)  # the update would record another ledger, and loses a worker
+    monkeypatch.setenv("KVAUDIT_TEST_CRASH_AT", crash_at)
+    res, c = run(pytester, tiny_llama, "--snapshot-update", "-n", "2")
+    assert res.ret != 0
+    assert path.read_bytes() == before
+    if c:  # the claim ran on the surviving worker: it says why nothing was recorded
+        assert c["status"] == "fail" and "ledger not recorded: " in c["reason"]
+    monkeypatch.delenv("KVAUDIT_TEST_CRASH_AT")
+    res, c = run(pytester, tiny_llama, "-n", "2")  # a plain audit of a run that loses a worker never passes
+    monkeypatch.setenv("KVAUDIT_TEST_CRASH_AT", crash_at)
+    res, c = run(pytester, tiny_llama, "-n", "2")
+    assert res.ret != 0 and c.get("status") != "pass"
+
+
 def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path, tmp_path: Path) -> None:
     setup(pytester)
     run(pytester, tiny_llama, "--snapshot-update")
@@ -154,6 +232,7 @@ def test_an_interrupted_update_leaves_the_old_ledger_whole(pytester: pytest.Pyte
     pytester.makeconftest("")
     res, c = run(pytester, tiny_llama)
     res.assert_outcomes(passed=1)
+    assert list(path.parent.iterdir()) == [path]  # the next run swept what the kill left behind
 
 
 def test_atomic_write_cleans_up_on_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,25 +36,38 @@ class LedgerAudit(Claim):
         ext = extension_for(root, L.slug(cfg.model), tokens_only)
         snap = snapshot.use_extension(ext)
         path = ext.ledger_path(snap.test_location)
+        L.sweep_temporary(path)  # a write that a kill interrupted leaves nothing behind for long
         current = L.build(ev.store)
+        missing = list(getattr(ev.store, "missing", []))
+        recorded: dict[str, Any] | None = None
+        damaged = None
+        if path.is_file():
+            try:
+                recorded = L.read(path)
+            except KvauditError as exc:
+                damaged = str(exc)
+
+        def keep() -> None:
+            # syrupy counts a snapshot no assertion read as unused, fails the run for it and deletes it
+            # under --snapshot-update: read the recorded ledger against itself, which writes nothing
+            if recorded is not None:
+                snap == recorded  # noqa: B015
 
         if snap.session.update_snapshots:
-            assert snap == current
-            return self.result(INCONCLUSIVE, 0, 0, f"ledger of {len(current['units'])} units recorded to {path}; "
-                                                   "a plain run audits against it")
+            return self._record(snap, path, current, recorded, missing, keep)
         shipped = False
-        if not path.is_file() and L.slug(cfg.model) == EMBEDDED_NAME:
+        if recorded is None and damaged is None and L.slug(cfg.model) == EMBEDDED_NAME:
             # a first run from a wheel: the embedded checkpoint's ledger as kvaudit ships it
             packaged = EMBEDDED_SNAPSHOTS / path.parent.name / path.name
             if packaged.is_file():
-                path, shipped = packaged, True
-        if not path.is_file():
+                path, shipped, recorded = packaged, True, L.read(packaged)
+        if damaged is not None:
+            return self.result(FAIL, 0, 0, damaged)
+        if recorded is None:
             return self.result(INCONCLUSIVE, 0, 0,
                                f"no ledger recorded for this model at {path}: record one with --snapshot-update")
-        try:
-            recorded = L.parse(path.read_text(encoding="utf-8"), str(path))
-        except KvauditError as exc:
-            return self.result(FAIL, 0, 0, str(exc))
+        if not shipped:
+            keep()
         diffs = L.identity_differences(recorded, current, tokens_only)
         a = L.audit(recorded, current, tokens_only)
         if diffs:
@@ -81,10 +94,32 @@ class LedgerAudit(Claim):
         if a.units < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, a.units, a.reproduced,
                                f"{a.units} units both recorded and run, needs {int(ev.thresholds['min_units'])}", figs)
-        if not shipped:
-            assert snap == current  # syrupy's own bookkeeping: the ledger is used, and it matches
+        extra = (f"; {len(a.not_recorded)} units of this run are not in the ledger (a larger run than recorded: "
+                 "--snapshot-update records them)" if a.not_recorded else "")
         return self.result(PASS, a.units, a.reproduced, f"all {a.units} recorded units reproduced"
-                           f"{' (token-level fields)' if tokens_only else ' (ids, labels and every fingerprint)'}", figs)
+                           f"{' (token-level fields)' if tokens_only else ' (ids, labels and every fingerprint)'}"
+                           f"{' against the ledger kvaudit ships' if shipped else ''}{extra}", figs)
+
+    def _record(self, snap: Any, path: Path, current: dict[str, Any], recorded: dict[str, Any] | None,
+                missing: list[str], keep: Any) -> ClaimResult:
+        """``--snapshot-update``: the ledger is replaced whole, and only by a complete run over at least the
+        units it holds; otherwise the recorded ledger stays exactly as it was, and the claim fails saying why."""
+        if missing:
+            keep()
+            return self.result(FAIL, 0, 0, f"ledger not recorded: {len(missing)} items were never computed (a worker "
+                               f"died or the run was cut short): {', '.join(missing[:6])}; {path} is kept as it was")
+        if recorded is not None:
+            dropped = sorted(set(recorded["units"]) - set(current["units"]))
+            if dropped:
+                keep()
+                return self.result(FAIL, 0, 0, f"ledger not recorded: {path} holds {len(recorded['units'])} units and "
+                                   f"this run {len(current['units'])} ({len(dropped)} recorded units would be lost, e.g. "
+                                   f"{', '.join(dropped[:3])}): --snapshot-update replaces a ledger only from a run over "
+                                   "all its units (the same --kvaudit-n or more), or delete it first")
+        assert snap == current  # syrupy writes it (atomically, see snapshot.py) when it differs
+        return self.result(INCONCLUSIVE, 0, 0, f"ledger of {len(current['units'])} units recorded to {path}; "
+                                               "a plain run audits against it",
+                           {"recorded": True, "units": len(current["units"]), "ledger": str(path)})
 
     def html(self, result: Any, run: Any) -> str | None:
         from ..htmlkit import e, section, status, table
