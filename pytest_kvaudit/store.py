@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from . import probes
-from .cells import CellBuilder, CellRecord, Transplant, prompt_ids, sweep_subsets
+from .cells import CellBuilder, prompt_ids
 from .config import EMBEDDED_DIR, AuditConfig, BoundaryRule
 from .constructions import NO_FAULTS, Cost, Decoder, Faults
 from .errors import KvauditError
 from .items import Item, ItemSet, load_item_set
 from .loading import ModelHandle, environment, open_model, resolve_checkpoint
 from .progress import Tally
+from .records import CellRecord, Transplant, sweep_subsets
 
 __all__ = ["CellRecord", "Progress", "Store", "Transplant", "shard", "sweep_subsets"]
 

@@ -447,7 +447,7 @@ class FakeLM:
 
 
 def test_the_causality_probe_on_stand_in_models() -> None:
-    from pytest_kvaudit.loading import check_causal
+    from pytest_kvaudit.refusals import check_causal
 
     check_causal(FakeLM(future=False), Path("causal"))
     check_causal(FakeLM(future=False, noise=1e-7), Path("moe-like"))  # a few ulps: an expert GEMM's rounding
