@@ -6,12 +6,14 @@ Runs on both majors through ``scripts/matrix.sh`` (``TESTS=tests/test_chat.py ba
 from __future__ import annotations
 
 import re
+import shutil
 from collections import UserDict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import REPO
 from pytest_kvaudit.chat import chat_prompt_ids
 from pytest_kvaudit.errors import KvauditError
 from pytest_kvaudit.testing import char_vocab, save_char_tokenizer, tiny_checkpoint
@@ -156,3 +158,15 @@ def test_empty_or_missing_template_attribute(template: str | None) -> None:
     tok.chat_template = template  # type: ignore[assignment]
     with pytest.raises(KvauditError, match="the tokenizer of fake/model has no chat template"):
         chat_prompt_ids(tok, "hi")
+
+
+def test_a_chat_template_checkpoint_runs_the_suite(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """--kvaudit-chat-template end to end: the plugin runs a claim on a checkpoint that carries a template."""
+    ckpt = tiny_checkpoint(tmp_path / "chat", "llama", n_items=4, chat_template=True)
+    shutil.copy(REPO / "suites" / "test_replica_exactness.py", pytester.path)
+    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    replica_exactness.min_units=4\n")
+    rep = pytester.path / "r.json"
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={ckpt}", "--kvaudit-chat-template", f"--kvaudit-report={rep}",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    res.stdout.no_fnmatch_line("*Traceback*")
