@@ -93,7 +93,7 @@ def printer(config: pytest.Config) -> Printer | None:
 
 def shard_writer(folder: Path, index: int) -> Progress:
     """On an xdist worker: the tally to ``progress-<index>.json``, at most twice a second."""
-    from .report import atomic_write_text
+    from .files import atomic_write_text
 
     last = [0.0]
 

@@ -5,13 +5,14 @@ baseline. No claim is named here: each claim's order, key figure and watched rat
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .claims.base import USER_ORDER, ClaimResult, finite
+from .files import atomic_write_text  # noqa: F401  (re-exported: its first home)
+
+if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
+    from .claims.base import ClaimResult
 
 SCHEMA_VERSION = 1
 
@@ -61,32 +62,17 @@ def build(
         "environment": dict(environment),
         "items": dict(items),
         "claims": {name: c.to_dict() for name, c in sorted(claims.items())},
-        "analyses": finite(dict(analyses or {})),  # JSON has no infinities: a distance over nothing is null
+        "analyses": _finite(dict(analyses or {})),  # JSON has no infinities: a distance over nothing is null
         "cost": dict(cost),
         "config": dict(config or {}),
         "display": shown,
     }
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a committed ledger private
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+def _finite(x: Any) -> Any:
+    from .claims.base import finite
+
+    return finite(x)
 
 
 def dumps(report: Mapping[str, Any]) -> str:
@@ -104,6 +90,8 @@ def _default(o: Any) -> Any:
 def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
     """How claim ``name`` shows itself: from the report's display block, else from the registered claim
     (a report written before the block existed), else the plain reason."""
+    from .claims.base import USER_ORDER, ClaimResult
+
     shown = report.get("display", {}).get(name)
     if shown is not None:
         return dict(shown)
@@ -117,6 +105,8 @@ def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def ordered(report: Mapping[str, Any]) -> list[str]:
     """Claim names in display order: the paper's, then users' claims by name."""
+    from .claims.base import USER_ORDER
+
     return sorted(report["claims"], key=lambda n: (display_of(report, n).get("order", USER_ORDER), n))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from syrupy.extensions.json import JSONSnapshotExtension
 
 from . import ledger
-from .report import atomic_write_text
+from .files import atomic_write_text
 
 
 class LedgerExtension(JSONSnapshotExtension):

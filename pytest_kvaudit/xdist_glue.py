@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from .files import atomic_write_text
 from .progress import ShardProgress, printer
-from .report import atomic_write_text
 
 SHARD_DIR = "kvaudit_shard_dir"
 
