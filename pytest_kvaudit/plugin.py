@@ -105,6 +105,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    config.stash[SESSION_KEY].collected_claims = seen
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
         from .session import uses_store
 
@@ -251,10 +252,6 @@ def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:
     sess.plan_run(int(getattr(session.config.option, "numprocesses", 0) or 1))
     if sess.error is not None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    elif sess.report_path is not None and sess.plan is not None:
-        from .report import atomic_write_text, dumps
-
-        atomic_write_text(sess.report_path, dumps({"plan": sess.plan, "config": {"dtypes": list(sess.config.dtypes)}}))
 
 
 def _ledger_claims(sess: KvauditSession) -> list[Any]:

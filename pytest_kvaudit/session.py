@@ -44,6 +44,7 @@ class KvauditSession:
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
     plan_only: bool = False  # --kvaudit-plan: price the run, compute nothing beyond the calibration
     plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
+    collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
 
     # -- the store -----------------------------------------------------------------------------
     def get_store(self) -> Store:
@@ -90,16 +91,23 @@ class KvauditSession:
         from .claims import registered
         from .plan import make_plan
 
-        sel = self.selection
-        claims = [c for c in registered() if sel in (None, ("all",)) or c.name in (sel or ())]
+        sel, got = self.selection, self.collected_claims
+        claims = [c for c in registered() if (c.name in got if got is not None else
+                                              sel in (None, ("all",), ()) or c.name in (sel or ()))]
         return make_plan(store, claims, self.thresholds, workers)
 
     def plan_run(self, workers: int) -> None:
-        """--kvaudit-plan: open the store (nothing computed), calibrate and price the run."""
+        """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
+        one is asked for, holds the plan block alone."""
         try:
             self.plan = self.make_plan(self._open(), workers)
         except KvauditError as exc:
             self.error = str(exc)
+            return
+        if self.report_path is not None:
+            from .report import atomic_write_text, dumps
+
+            atomic_write_text(self.report_path, dumps({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}))
 
     def compute_shard(self) -> None:
         """On an xdist worker, before any test: compute this worker's shard and hand it to the others."""
