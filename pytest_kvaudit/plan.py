@@ -30,7 +30,6 @@ were unknown). No pytest here; torch is imported inside the calibration.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -435,7 +434,3 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
         "claims": verdicts,
     }
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan
