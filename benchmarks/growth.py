@@ -13,7 +13,10 @@ sweeps at one precision (``--dtypes``, default fp32 only, to keep them within ab
 
 * items: the embedded checkpoint at ``--items`` (default 50, 100, 200 items);
 * suffix: a ``tiny_checkpoint`` (random 2-layer Llama, char tokenizer, boundary tokens:4) with
-  ``max_new_tokens`` 24 and 48 (``AuditConfig.max_new_tokens``), i.e. 2x longer suffixes.
+  ``max_new_tokens`` 24 and 48 (``AuditConfig.max_new_tokens``), i.e. 2x longer suffixes;
+* big: a synthetic 1,000-item set on a ``tiny_checkpoint`` (``--big-items``, default 250 and 1000 items), each
+  point also building the run's report (``session.run_info``: analyses, items, cost and the priced plan) and
+  writing it as JSON: the whole audit of 1,000 items stays within memory with its report written.
 
 Checks (printed, not asserted): linear = the spread (max/min) of seconds per token within a sweep is at
 most 1.25, read on the process's CPU time (``time.process_time``: another job on the machine inflates
@@ -86,6 +89,17 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     store.compute()
     cpu_s = time.process_time() - cpu0
     recs = list(store.records.values())
+    report_bytes = None
+    if spec.get("report"):  # the report as a run writes it, from the records
+        from pytest_kvaudit.report import build, dumps
+        from pytest_kvaudit.session import run_info
+
+        info = run_info(store, store.cfg)
+        text = dumps(build(info["model"], info["environment"], info["items"], {}, info["cost"],
+                           analyses=info["analyses"], plan=info["plan"]))
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=True) as f:
+            f.write(text)
+        report_bytes = len(text)
     return {
         **spec,
         "items": len(store.items),
@@ -102,6 +116,7 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_peak_mib": maxrss_mib(),
         "cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "process_s": time.perf_counter() - t_start,
+        "report_bytes": report_bytes,
     }
 
 
@@ -175,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suffix-items", type=int, default=50)
     ap.add_argument("--suffix-tokens", default="24,48", help="max_new_tokens of the suffix sweep")
     ap.add_argument("--skip-suffix", action="store_true")
+    ap.add_argument("--big-items", default="250,1000",
+                    help="item counts of the big sweep (a synthetic item set on a tiny_checkpoint, report written)")
+    ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--repeats", type=int, default=1, help="runs per point of the items sweep (best kept)")
     ap.add_argument("--suffix-repeats", type=int, default=3,
                     help="runs per point of the suffix sweep, interleaved (best kept): its points are short")
@@ -216,6 +234,24 @@ def main(argv: list[str] | None = None) -> int:
         t2, v2 = report(f"growth with suffix length: {slabel}, boundary tokens:4, {a.suffix_items} items, "
                         f"{','.join(dtypes)}, best of {a.suffix_repeats} interleaved", "max_new_tokens", suf_pts, cuda)
         out["suffix_sweep"] = {"points": suf_pts, "table": t2, **v2}
+    if not a.skip_big:
+        with tempfile.TemporaryDirectory() as tmp:
+            from transformers.utils import logging as hf_logging
+
+            from pytest_kvaudit.testing import tiny_checkpoint
+
+            hf_logging.disable_progress_bar()
+            counts = [int(n) for n in a.big_items.split(",")]
+            bmodel = str(tiny_checkpoint(Path(tmp) / "big", "llama", n_items=max(counts), boundary="tokens:4",
+                                         max_new_tokens=24))
+            big_pts = best_of([{**common, "sweep": "big", "model": bmodel, "n": n, "max_new_tokens": None,
+                                "report": True} for n in counts], 1)
+        t3, v3 = report(f"growth to {max(counts)} items: tiny_checkpoint llama (2 layers, hidden 32), synthetic items, "
+                        f"{','.join(dtypes)}, report written", "n", big_pts, cuda)
+        for pt in big_pts:
+            print(f"  {pt['n']} items: report {pt['report_bytes'] / 1024:.1f} KiB, peak RSS {pt['rss_peak_mib']:.0f} MiB, "
+                  f"{pt['process_s']:.0f}s in all", flush=True)
+        out["big_sweep"] = {"points": big_pts, "table": t3, **v3}
     total = time.perf_counter() - t0
     print(f"growth: {total:.1f}s for all points")
     out["total_s"] = total

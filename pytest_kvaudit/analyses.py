@@ -112,7 +112,7 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
             a[1] += c.state_fp == live.state_fp
             a[2] += c.suffix == live.suffix
             a[3] += c.suffix == pre.suffix
-    rows = [{"dtype": d, "construction": c, "attn": None, "n": a[0], "state_equals_live": a[1],
+    rows = [{"dtype": d, "construction": c, "attn": None, "cache": "dynamic", "n": a[0], "state_equals_live": a[1],
              "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]} for (d, c), a in sorted(acc.items())]
     att: dict[tuple[str, str], list[int]] = {}
     for r in records:
@@ -122,8 +122,48 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
                 a[0] += 1
                 a[1] += o["state_equal"]
                 a[2] += o["suffix_equal"]
-    rows += [{"dtype": d, "construction": "prefill", "attn": name, "n": a[0], "state_equals_live": a[1],
-              "suffix_equals_live": a[2], "suffix_equals_prefill": a[0]} for (d, name), a in sorted(att.items())]
+    rows += [{"dtype": d, "construction": "prefill", "attn": name, "cache": "dynamic", "n": a[0],
+              "state_equals_live": a[1], "suffix_equals_live": a[2], "suffix_equals_prefill": a[0]}
+             for (d, name), a in sorted(att.items())]
+    return rows + cache_axes(records)
+
+
+def cache_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
+    """Rows for the other cache layouts (``--kvaudit-cache=dynamic,static``), on each layout's own trajectory:
+    its prefill (replay) and incremental replay (the bridge) against its live state, a live-to-prefill
+    transplant into the layout's tensors, and its live state against the dynamic layout's."""
+    acc: dict[tuple[str, str, str], list[int]] = {}
+    for r in records:
+        for kind, o in r.probes.cache.items():
+            if not o.get("eligible"):
+                continue
+            pre = o["prefill"]["suffix"]
+            for name in ("prefill", "incremental"):
+                c = o[name]
+                a = acc.setdefault((r.dtype, kind, name), [0, 0, 0, 0])
+                a[0] += 1
+                a[1] += c["state_equal"]
+                a[2] += c["suffix_equal"]
+                a[3] += c["suffix"] == pre
+            t = o["transplant"]
+            a = acc.setdefault((r.dtype, kind, "transplant:live_to_prefill"), [0, 0, 0, 0])
+            a[0] += 1
+            a[1] += t["state_equal"]
+            a[2] += t["followed"]
+            a[3] += t["held"]
+            a = acc.setdefault((r.dtype, kind, "live"), [0, 0, 0, 0])
+            a[0] += 1
+            a[1] += o["state_equals_dynamic"]
+            a[2] += o["suffix_equals_dynamic"]
+    order = {"live": 0, "prefill": 1, "incremental": 2, "transplant:live_to_prefill": 3}
+    rows = []
+    for (d, kind, name), a in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])):
+        row: dict[str, Any] = {"dtype": d, "construction": name, "attn": None, "cache": kind, "n": a[0],
+                               "state_equals_live": a[1], "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]}
+        if name == "live":  # this layout's live state against the dynamic layout's live state
+            row.update(state_equals_live=a[0], suffix_equals_live=a[0], suffix_equals_prefill=None,
+                       state_equals_dynamic=a[1], suffix_equals_dynamic=a[2])
+        rows.append(row)
     return rows
 
 

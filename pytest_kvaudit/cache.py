@@ -27,13 +27,48 @@ def cache_kwarg(model: Any) -> str:
     return _CACHE_KWARG[cls]
 
 
-def new_cache(model: Any) -> Any:
+#: the cache layouts kvaudit audits: ``dynamic`` (grows per token) and ``static`` (preallocated to a maximum
+#: length, what users pair with ``torch.compile``)
+CACHE_KINDS = ("dynamic", "static")
+
+
+def new_cache(model: Any, kind: str = "dynamic", max_cache_len: int | None = None) -> Any:
+    """A fresh cache of ``kind``; a static one is preallocated to ``max_cache_len`` positions."""
+    if kind == "static":
+        from transformers import StaticCache
+
+        if max_cache_len is None:
+            raise UnsupportedCacheError("a static cache needs max_cache_len")
+        try:
+            return StaticCache(config=model.config, max_cache_len=max_cache_len)
+        except TypeError:  # 4.57 takes max_batch_size too
+            return StaticCache(config=model.config, max_batch_size=1, max_cache_len=max_cache_len)
+    if kind != "dynamic":
+        raise UnsupportedCacheError(f"unknown cache kind {kind!r}: use {' or '.join(CACHE_KINDS)}")
     from transformers import DynamicCache
 
     try:
         return DynamicCache(config=model.config)
     except TypeError:  # older signature
         return DynamicCache()
+
+
+def filled(layer: Any) -> int | None:
+    """How many positions a preallocated (static) layer holds; None for a layer whose tensors are all filled.
+
+    A static layer's ``keys``/``values`` span ``max_cache_len`` positions, of which the first ``filled``
+    are written: only those are the state (the rest are zeros that the attention mask hides)."""
+    if getattr(layer, "max_cache_len", None) is None or getattr(layer, "keys", None) is None:
+        return None
+    if not getattr(layer, "is_initialized", True):
+        return 0
+    n = int(layer.get_seq_length())
+    if getattr(layer, "is_sliding", False) and n > layer.keys.shape[-2]:
+        raise UnsupportedCacheError(
+            f"a static sliding-window layer holding {n} positions in a window of {layer.keys.shape[-2]} rolls over: "
+            "its positions are not in order"
+        )
+    return n
 
 
 def _layers(cache: Any) -> list[Any]:
@@ -61,6 +96,11 @@ def layer_kv(cache: Any) -> list[tuple[Any, Any]]:
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if k is None or v is None or (hasattr(k, "numel") and k.numel() == 0):
             raise UnsupportedCacheError(f"layer {i} of the cache holds no K/V tensors (uninitialised or not attention)")
+        n = filled(layer)
+        if n is not None:  # a static layer: the filled positions only (a view, no copy)
+            if n == 0:
+                raise UnsupportedCacheError(f"layer {i} of the cache holds no K/V tensors (uninitialised or not attention)")
+            k, v = k[..., :n, :], v[..., :n, :]
         out.append((k, v))
     return out
 
@@ -200,20 +240,29 @@ def equal(a: Any, b: Any) -> bool:
 def transplant(receiver: Any, donor: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> Any:
     """A new cache: ``receiver`` with ``donor``'s K and/or V copied into ``layers`` (all by default).
 
-    Neither input is modified. The two caches must cover the same positions.
+    Neither input is modified. The two caches must cover the same positions. Either may be static: a static
+    receiver keeps its preallocated tensors (their addresses are what ``torch.compile`` relies on) and gets
+    the donor's filled positions copied into its own filled slice.
     """
     out = clone(receiver)
-    dst, src = _layers(out), layer_kv(donor)
+    dst, src, mine = _layers(out), layer_kv(donor), layer_kv(out)
     if len(dst) != len(src):
         raise UnsupportedCacheError(f"donor has {len(src)} layers, receiver {len(dst)}: not the same model")
     for i in range(len(src)) if layers is None else layers:
         k, v = src[i]
-        if dst[i].keys.shape != k.shape:
+        if mine[i][0].shape != k.shape:
             raise UnsupportedCacheError(
-                f"layer {i}: donor K/V shape {tuple(k.shape)} differs from the receiver's {tuple(dst[i].keys.shape)}"
+                f"layer {i}: donor K/V shape {tuple(k.shape)} differs from the receiver's {tuple(mine[i][0].shape)}"
             )
+        static = filled(dst[i]) is not None
         if "k" in parts:
-            dst[i].keys = k.detach().clone().to(dst[i].keys.device)
+            if static:
+                mine[i][0].copy_(k.detach().to(mine[i][0].device))
+            else:
+                dst[i].keys = k.detach().clone().to(dst[i].keys.device)
         if "v" in parts:
-            dst[i].values = v.detach().clone().to(dst[i].values.device)
+            if static:
+                mine[i][1].copy_(v.detach().to(mine[i][1].device))
+            else:
+                dst[i].values = v.detach().clone().to(dst[i].values.device)
     return out

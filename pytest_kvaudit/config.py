@@ -74,6 +74,15 @@ def parse_chunks(text: str | None) -> tuple[int, ...]:
     return vals
 
 
+def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
+    """``--kvaudit-cache=dynamic,static`` -> the layouts beyond the dynamic one, which the claims always run on."""
+    kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
+    bad = [k for k in kinds if k not in ("dynamic", "static")]
+    if bad or not kinds:
+        raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of dynamic and static (default: dynamic)")
+    return tuple(dict.fromkeys(k for k in kinds if k != "dynamic"))
+
+
 def parse_int(flag: str, text: str, lo: int, hi: int | None = None, what: str = "") -> int:
     """A whole number from ``lo`` to ``hi`` (ASCII digits), or a one-line error naming the flag and the range."""
     rng = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
@@ -169,6 +178,7 @@ class AuditConfig:
     donor_max_units: int = 64
     sweep_units: int = 8  # divergent items (per shard) that also get the layer sweep
     attn_axes: tuple[str, ...] = ()  # further attention implementations, compared as axis rows
+    cache_axes: tuple[str, ...] = ()  # further cache layouts (static) beside the dynamic one, as axis rows
     batch_size: int = 4  # batch invariance: the item inside a left-padded batch of this size
     batch_units: int = 8  # ... for the first this many items of the set (0: off)
     tf32: bool | None = None  # None: leave torch's TF32 switches as they are

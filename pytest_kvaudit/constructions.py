@@ -61,7 +61,7 @@ class Decoder:
     """One model at one precision, run one forward at a time with its cost counted."""
 
     def __init__(self, model: Any, eos_ids: frozenset[int], cost: Cost | None = None,
-                 faults: Faults = NO_FAULTS) -> None:
+                 faults: Faults = NO_FAULTS, cache_kind: str = "dynamic", max_cache_len: int | None = None) -> None:
         self.model = model
         self.eos_ids = eos_ids
         self.cost = cost if cost is not None else Cost()
@@ -69,6 +69,8 @@ class Decoder:
         self._kwarg = kv.cache_kwarg(model)
         self.faults = faults
         self.path = ""  # what is being computed, for the fault hooks
+        #: the layout of every fresh cache: dynamic, or static preallocated to ``max_cache_len`` positions
+        self.cache_kind, self.max_cache_len = cache_kind, max_cache_len
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
         """Feed ``ids`` on top of ``cache`` (mutated); the next-token logits, shape ``[vocab]``."""
@@ -85,7 +87,7 @@ class Decoder:
         return logits
 
     def fresh(self) -> Any:
-        return kv.new_cache(self.model)
+        return kv.new_cache(self.model, self.cache_kind, self.max_cache_len)
 
     def build_state(self, ids: Sequence[int], chunks: Sequence[int]) -> Any:
         """A fresh cache filled by feeding ``ids`` in ``chunks``."""

@@ -104,11 +104,12 @@ def sections(report: Mapping[str, Any]) -> list[str]:
                          ["subset (layers:parts)", "live→prefill", "prefill→live", "follow rate"], rows, "sweep"))
     axes = report.get("analyses", {}).get("axes", [])
     if axes:
-        rows = [[r["dtype"], e(r.get("attn") or "default"), e(r["construction"]), r["n"], r["state_equals_live"],
-                 r["suffix_equals_live"], r["suffix_equals_prefill"]] for r in axes]
-        parts.append("<h2 id='axes'>Axes: constructions and attention implementations</h2>" + table(
-            ["precision", "attention", "construction", "n", "state = live (bits)", "suffix = live", "suffix = prefill"],
-            rows, "axes"))
+        rows = [[r["dtype"], e(r.get("attn") or "default"), e(r.get("cache") or "dynamic"), e(r["construction"]), r["n"],
+                 r["state_equals_live"], r["suffix_equals_live"], "-" if r["suffix_equals_prefill"] is None
+                 else r["suffix_equals_prefill"]] for r in axes]
+        parts.append("<h2 id='axes'>Axes: constructions, attention implementations and cache layouts</h2>" + table(
+            ["precision", "attention", "cache", "construction", "n", "state = live (bits)", "suffix = live",
+             "suffix = prefill"], rows, "axes"))
     bi = report.get("analyses", {}).get("batch_invariance")
     if bi:
         rows = [[r["dtype"], r["batch_size"], f"{r['state_equal']}/{r['n']}"] for r in bi]

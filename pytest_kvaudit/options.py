@@ -18,6 +18,7 @@ from .config import (
     AuditConfig,
     BoundaryRule,
     check_output_path,
+    parse_cache_kinds,
     parse_chunks,
     parse_device,
     parse_dtypes,
@@ -51,6 +52,8 @@ HTML = "--kvaudit-html"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 STRICT = "--kvaudit-strict"
 CLAIMS = "--kvaudit-claims"
+CACHE = "--kvaudit-cache"
+PLAN = "--kvaudit-plan"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
@@ -75,6 +78,7 @@ VALUE_OPTIONS: dict[str, str] = {
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claims to run (e.g. donor_following,bridge_bitexact), or none: only your own",
+    CACHE: "cache layouts: dynamic,static also audits transformers' StaticCache as axis rows (default: dynamic)",
 }
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
@@ -82,6 +86,8 @@ FLAG_OPTIONS: dict[str, str] = {
     CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
     LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
     STRICT: "a CI gate: an inconclusive claim fails, saying what evidence was missing",
+    PLAN: "print the plan (cells, forward tokens, cache memory, estimated time, what each claim can decide) "
+          "after a short calibration, and run no claim",
 }
 
 
@@ -172,6 +178,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
         attns = [a.strip() for a in (value(config, ATTN) or "").split(",") if a.strip()]
         kw["attn"] = attns[0] if attns else None
         kw["attn_axes"] = tuple(attns[1:])
+        kw["cache_axes"] = parse_cache_kinds(value(config, CACHE))
         if (b := value(config, BOUNDARY)) is not None:
             BoundaryRule.parse(b)
             kw["boundary"] = b

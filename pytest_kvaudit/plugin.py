@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 SESSION_KEY = pytest.StashKey[KvauditSession]()
+PLAN_SKIP = "kvaudit plan only (--kvaudit-plan): planned, not run"
 
 # the option names, importable from here as before
 MODEL, DTYPES, REPORT, HTML, BASELINE = opt.MODEL, opt.DTYPES, opt.REPORT, opt.HTML, opt.BASELINE
@@ -55,6 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
     sess.selection = opt.claim_selection(config)
+    sess.plan_only = opt.flag(config, opt.PLAN)
     if _wants_builtin_claims(config, sess.selection):
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
@@ -103,6 +105,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    config.stash[SESSION_KEY].collected_claims = seen
+    if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
+        from .session import uses_store
+
+        for item in filter(uses_store, items):
+            item.add_marker(pytest.mark.skip(reason=PLAN_SKIP))
 
 
 @pytest.hookimpl
@@ -161,6 +169,7 @@ def _report(sess: KvauditSession) -> dict[str, Any] | None:
         sess.claims,
         info.get("cost", {}),
         analyses=info.get("analyses", {}),
+        plan=info.get("plan", {}),
         config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
         display=sess.display,
     )
@@ -179,6 +188,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     sess = config.stash[SESSION_KEY]
     for note in sess.notes:
         terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
+    if sess.plan is not None:
+        from .terminal import plan_lines
+
+        terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
+        for line in plan_lines(sess.plan):
+            terminalreporter.write_line(line)
     rep = _report(sess)
     if rep is None:
         if sess.error:
@@ -204,6 +219,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
+    if sess.plan_only:
+        _plan_only(session, sess)
+        return
     rep = _report(sess)
     if rep is None:
         return
@@ -226,3 +244,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # with (a refused recording leaves both as they were)
         path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
+
+
+def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:
+    """--kvaudit-plan: price the run when it holds a kvaudit test (under xdist the controller sees the skips)."""
+    stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
+    if not any(PLAN_SKIP in str(getattr(r, "longrepr", "")) for r in stats.get("skipped", [])):
+        return
+    sess.plan_run(int(getattr(session.config.option, "numprocesses", 0) or 1))
+    if sess.error is not None:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

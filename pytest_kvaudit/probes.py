@@ -1,6 +1,8 @@
 """Probes beyond the claims, run once per precision after its cells: further attention implementations
-(does their live cache equal their prefill?) and batch invariance (is a boundary state computed inside a
-left-padded batch the same as computed alone?). Their outcomes land in each record's ``probes``."""
+(does their live cache equal their prefill?), further cache layouts (the static cache: live vs prefill,
+the bridge and a transplant on preallocated tensors) and batch invariance (is a boundary state computed
+inside a left-padded batch the same as computed alone?). Their outcomes land in each record's ``probes``,
+each with the forward ``tokens`` it ran (so a plan can be checked against the records, token for token)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from . import cache as kv
 from .config import BoundaryRule
 from .constructions import Decoder, continue_greedy, trajectory
 from .loading import ModelHandle
+from .schedules import schedule
 
 if TYPE_CHECKING:
     from .store import Store
@@ -25,11 +28,12 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
         if not rec.eligible or rec.unsupported:
             continue
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
+        t0 = dec.cost.forward_tokens
         dec.path = f"axis:{attn}:live"
         tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
                         lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False))
         if tr.reason is not None:
-            rec.probes.axes[attn] = {"eligible": False, "reason": tr.reason}
+            rec.probes.axes[attn] = {"eligible": False, "reason": tr.reason, "tokens": dec.cost.forward_tokens - t0}
             continue
         # this implementation's own trajectory fixes its prefix: live vs prefill under ``attn``
         head = list(tr.prefix[:-1])
@@ -38,7 +42,56 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
         fp = kv.fingerprint(state)
         suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
         rec.probes.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp, "suffix_equal": suffix == tr.suffix,
-                                 "same_trajectory_as_primary": tr.generated == rec.generated}
+                                 "same_trajectory_as_primary": tr.generated == rec.generated,
+                                 "tokens": dec.cost.forward_tokens - t0}
+
+
+def cache_axis(store: Store, h: ModelHandle, dtype: str, kind: str) -> None:
+    """The constructions on another cache layout (``static``: tensors preallocated to prompt + max_new_tokens
+    positions, what ``torch.compile`` users run). On its own trajectory: is its prefill equal to its live
+    state (replay), its token-by-token replay equal to it bit for bit (the bridge), does a prefill receiving
+    the live K/V (a transplant into the preallocated slice) hold exactly the live state and follow it; and is
+    its live state the dynamic layout's, bit for bit, over the filled positions."""
+    iset = store.item_set
+    for item in store.items:
+        rec = store.records[(item.id, dtype)]
+        if not rec.eligible or rec.unsupported:
+            continue
+        rule = BoundaryRule.parse(item.boundary or iset.boundary)
+        dec = Decoder(h.model, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
+        t0 = dec.cost.forward_tokens
+        dec.path = f"cache:{kind}:live"
+        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
+                        lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False), keep_state=True)
+        if tr.reason is not None:
+            rec.probes.cache[kind] = {"eligible": False, "reason": tr.reason, "tokens": dec.cost.forward_tokens - t0}
+            continue
+        head, last = list(tr.prefix[:-1]), tr.prefix[-1]
+        budget = iset.max_new_tokens - (tr.boundary or 0)
+        out: dict[str, Any] = {"eligible": True, "state_equals_dynamic": tr.state_fp == rec.constructions["live"].state_fp,
+                               "suffix_equals_dynamic": tr.suffix == rec.constructions["live"].suffix}
+        kept = None
+        for name in ("prefill", "incremental"):
+            dec.path = f"cache:{kind}:{name}"
+            state = dec.build_state(head, schedule(name, len(rec.prompt_ids), len(head)))
+            out[name] = {"state_equal": kv.fingerprint(state) == tr.state_fp}
+            if name == "incremental":
+                out[name]["mismatch"] = [f"{c.layer}:{p}" for c in kv.compare(state, tr.state)
+                                         for p, same in (("k", c.keys_equal), ("v", c.values_equal)) if not same]
+            else:
+                kept = kv.clone(state)
+            suffix, _ = continue_greedy(dec, state, last, budget)
+            out[name]["suffix_equal"] = suffix == tr.suffix
+            out[name]["suffix"] = list(suffix)
+        dec.path = f"transplant:{kind}:live_to_prefill"
+        moved = store.faults.transplant(kept, tr.state, None, "kv") if store.faults.transplant else kv.transplant(
+            kept, tr.state)
+        same = kv.fingerprint(moved) == tr.state_fp
+        suffix, _ = continue_greedy(dec, moved, last, budget)
+        out["transplant"] = {"state_equal": same, "followed": suffix == tr.suffix,
+                             "held": suffix == tuple(out["prefill"]["suffix"])}
+        out["tokens"] = dec.cost.forward_tokens - t0
+        rec.probes.cache[kind] = out
 
 
 def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> None:
@@ -68,16 +121,18 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = dec.fresh()
         outcome: dict[str, Any]
+        ran = 0
         try:
             with torch.no_grad():
                 h.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                         **{kv.cache_kwarg(h.model): cache})
             dec.cost.forward_calls += 1
             dec.cost.forward_tokens += int(ids.numel())
+            ran = int(ids.numel())
             off = width - len(head)
             mine = [t[0:1, :, off:, :] for k_v in kv.layer_kv(cache) for t in k_v]
             same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp
-            outcome = {"batch_size": b, "state_equal": same}
+            outcome = {"batch_size": b, "state_equal": same, "tokens": ran}
         except (RuntimeError, ValueError, IndexError) as exc:  # a cache layout without a batch of rows
-            outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200]}
+            outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200], "tokens": ran}
         rec.probes.batch = outcome

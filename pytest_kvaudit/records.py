@@ -77,6 +77,7 @@ class Probes:
 
     axes: dict[str, dict[str, Any]] = field(default_factory=dict)  # attention implementation -> outcome
     batch: dict[str, Any] = field(default_factory=dict)  # batch invariance outcome
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)  # cache layout (static) -> outcome
 
 
 @dataclass

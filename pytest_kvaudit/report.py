@@ -54,6 +54,7 @@ def build(
     analyses: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     display: Mapping[str, Mapping[str, Any]] | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     shown = {name: {k: v for k, v in d.items() if k != "html"} for name, d in sorted((display or {}).items())}
     return {
@@ -64,6 +65,7 @@ def build(
         "claims": {name: c.to_dict() for name, c in sorted(claims.items())},
         "analyses": _finite(dict(analyses or {})),  # JSON has no infinities: a distance over nothing is null
         "cost": dict(cost),
+        "plan": dict(plan or {}),  # what the run intended, priced before it ran
         "config": dict(config or {}),
         "display": shown,
     }

@@ -42,6 +42,9 @@ class KvauditSession:
     shard: tuple[int, int, Path] | None = None  # (index, count, folder) on a sharding xdist worker
     started: float = field(default_factory=time.perf_counter)
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
+    plan_only: bool = False  # --kvaudit-plan: price the run, compute nothing beyond the calibration
+    plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
+    collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
 
     # -- the store -----------------------------------------------------------------------------
     def get_store(self) -> Store:
@@ -79,8 +82,34 @@ class KvauditSession:
         from .progress import printer
 
         store = self._open()
+        store.plan = self.make_plan(store, 1)
         store.compute(progress=printer(self.pytest_config))
         return store
+
+    def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
+        """The run's plan over the whole item set (:mod:`.plan`), for the claims this run selects."""
+        from .claims import registered
+        from .plan import make_plan
+
+        sel, got = self.selection, self.collected_claims
+        claims = [c for c in registered() if (c.name in got if got is not None else
+                                              sel in (None, ("all",), ()) or c.name in (sel or ()))]
+        return make_plan(store, claims, self.thresholds, workers, sample)
+
+    def plan_run(self, workers: int) -> None:
+        """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
+        one is asked for, holds the plan block alone."""
+        try:
+            from .plan import SAMPLE
+
+            self.plan = self.make_plan(self._open(), workers, SAMPLE)
+        except KvauditError as exc:
+            self.error = str(exc)
+            return
+        if self.report_path is not None:
+            from .report import atomic_write_text, dumps
+
+            atomic_write_text(self.report_path, dumps({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}))
 
     def compute_shard(self) -> None:
         """On an xdist worker, before any test: compute this worker's shard and hand it to the others."""
@@ -97,6 +126,8 @@ class KvauditSession:
 
         try:
             store = self._open(index, count)
+            if index == 0:  # one worker prices the whole run
+                store.plan = self.make_plan(store, count)
             store.compute(progress=shard_writer(folder, index))
             write_shard(folder, index, store.export())
         except KvauditError as exc:
@@ -147,7 +178,8 @@ class KvauditSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
         # a worker computes its shard only when the run holds a kvaudit test: an unrelated -n run costs nothing
-        if self.shard is not None and not session.config.option.collectonly and any(map(uses_store, session.items)):
+        if (self.shard is not None and not session.config.option.collectonly and not self.plan_only
+                and any(map(uses_store, session.items))):
             self.compute_shard()
         return (yield)
 
@@ -199,6 +231,7 @@ def uses_store(item: pytest.Item) -> bool:
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller)."""
     from .analyses import build as analyses
+    from .plan import price
     from .report import items_block
 
     return {
@@ -208,4 +241,6 @@ def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
         "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store)},
         "cost": {**{k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens",
                                                         "seconds")}, "stages": dict(store.stages)},
+        # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens
+        "plan": {**store.plan, "priced_after_run": price(store.records.values(), config)} if store.plan else {},
     }

@@ -53,6 +53,7 @@ class Store:
         self.computed = False
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self.stages: dict[str, float] = {}  # seconds per precision: model load, its cells and probes
+        self.plan: dict[str, Any] = {}  # what the run intended, priced before it ran (:mod:`.plan`)
         self._handles: dict[str, ModelHandle] = {}
 
     @staticmethod
@@ -89,6 +90,7 @@ class Store:
             s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
             for k, v in e.get("stages", {}).items():
                 s.stages[k] = max(s.stages.get(k, 0.0), v)
+            s.plan = s.plan or e.get("plan", {})
             s.identity = s.identity or e["identity"]
             s.environment = s.environment or e["environment"]
         for dtype in cfg.dtypes:
@@ -160,6 +162,8 @@ class Store:
                 if progress is not None:
                     progress(tally)
             probes.batch_invariance(self, dec, h, dtype)
+            for kind in self.cfg.cache_axes:  # before the attention axes, which load other models
+                probes.cache_axis(self, h, dtype, kind)
             for attn in self.cfg.attn_axes:
                 probes.attention_axis(self, dtype, attn)
             self.stages[dtype] = round(time.perf_counter() - t_stage, 3)
@@ -220,6 +224,7 @@ class Store:
             "identity": self.identity,
             "environment": self.environment,
             "stages": self.stages,
+            "plan": self.plan,
         }
 
 

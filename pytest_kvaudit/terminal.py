@@ -84,6 +84,55 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             f"cost {cost['forward_calls']} forwards, {cost['forward_tokens']} tokens "
             f"({ratio:.2f}x the {cost['minimal_forward_tokens']} the claims need), {cost['seconds']:.1f}s"
         )
+    plan = report.get("plan") or {}
+    if cost and plan.get("forward_tokens"):
+        priced = (plan.get("priced_after_run") or {}).get("forward_tokens")
+        line = (f"plan vs actual: forward tokens at most {plan['forward_tokens']} (the plan's bound), ran "
+                f"{cost['forward_tokens']}{'' if priced is None else f', {priced} priced from the lengths the run produced'}")
+        if plan.get("forward_tokens_expected"):  # a calibrated plan (--kvaudit-plan) also has expectations
+            line += (f"; expected {plan['forward_tokens_expected']} tokens "
+                     f"({cost['forward_tokens'] / max(1, plan['forward_tokens_expected']):.2f}x) and "
+                     f"{plan['seconds_expected']:.1f}s ({cost['seconds'] / max(1e-9, plan['seconds_expected']):.2f}x)")
+        out.append(line)
+    return out
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def plan_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The plan (``--kvaudit-plan``): cells and forwards per precision and step, memory, time, and what each
+    claim can decide with these items."""
+    m = plan["model"]
+    out = [f"{plan['items']} items ({plan['items_too_long']} too long) x {', '.join(plan['precisions'])}, "
+           f"max_new_tokens {plan['max_new_tokens']}, {plan['workers']} worker(s); model {m['layers']} layers, "
+           f"{m['kv_heads']} KV heads x {m['head_dim']}, {m['parameters']:,} parameters"]
+    out.append(f"{'precision':<10} {'step':<22} {'cells':>7} {'calls (bound)':>14} {'tokens (bound)':>15} "
+               f"{'tokens (expected)':>18}")
+    for d, steps in plan["steps"].items():
+        for k, a in steps.items():
+            out.append(f"{d:<10} {k:<22} {a['cells']:>7} {a['forward_calls']:>14} {a['forward_tokens']:>15} "
+                       f"{a['forward_tokens_expected']:>18}")
+    out.append(f"forward tokens: at most {plan['forward_tokens']:,} in {plan['forward_calls']:,} calls ({plan['bound']}); "
+               f"expected {plan['forward_tokens_expected']:,} in {plan['forward_calls_expected']:,} calls "
+               f"({plan['expected_basis']})")
+    mem = plan["memory"]
+    out.append("peak K/V cache: " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["peak_cache_bytes"].items())
+               + f" ({mem['basis']}); weights " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["weights_bytes"].items()))
+    cal = plan["calibration"]
+    per = ", ".join(f"{d} {cal[d]['per_call_s'] * 1e3:.2f} ms/call + {cal[d]['per_token_s'] * 1e6:.1f} us/token, "
+                    f"load {cal[d]['load_s']:.1f}s" for d in plan["precisions"] if d in cal)
+    out.append(f"time on this device: expected {plan['seconds_expected']:.0f}s, at most {plan['seconds_bound']:.0f}s "
+               f"({per}; calibration took {cal['seconds']:.1f}s)")
+    for name, c in plan["claims"].items():
+        needs = "; ".join(f"{w} needs {r['needs']}, at most {r['at_most']}, expected "
+                          f"{'-' if r['expected'] is None else round(r['expected'], 1)}" for w, r in c["needs"].items())
+        out.append(f"{name:<22} decides: {c['decides']:<19} {needs or 'no least evidence declared'}")
     return out
 
 
