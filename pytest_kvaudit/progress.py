@@ -81,7 +81,8 @@ class Printer:
                 if done:
                     self.tr.write_line("")
             else:
-                self.tr.ensure_newline()
+                if getattr(getattr(self.tr, "_tw", None), "width_of_current_line", 0):
+                    self.tr.write_line("")  # after xdist's progress dots, not glued to them
                 self.tr.write_line(t.line())
 
 
