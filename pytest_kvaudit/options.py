@@ -54,6 +54,9 @@ STRICT = "--kvaudit-strict"
 CLAIMS = "--kvaudit-claims"
 CACHE = "--kvaudit-cache"
 PLAN = "--kvaudit-plan"
+SHARD = "--kvaudit-shard"
+PARTIALS = "--kvaudit-partials"
+MERGE = "--kvaudit-merge"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
@@ -79,6 +82,9 @@ VALUE_OPTIONS: dict[str, str] = {
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claims to run (e.g. donor_following,bridge_bitexact), or none: only your own",
     CACHE: "cache layouts: dynamic,static also audits transformers' StaticCache as axis rows (default: dynamic)",
+    SHARD: "I/N: compute only share I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
+    PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",
+    MERGE: "folder of partials (searched recursively): judge their union, computing nothing",
 }
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
@@ -196,6 +202,26 @@ def build_config(config: pytest.Config) -> AuditConfig:
         return AuditConfig().replace(**kw)
     except KvauditError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
+    """(share I/N, partials folder, merge folder): a share needs a folder to write to, and a run either
+    computes a share or merges shares, never both."""
+    from .partials import parse_shard
+
+    text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
+    try:
+        share = parse_shard(text) if text is not None else None
+    except KvauditError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if share is not None and merge is not None:
+        raise pytest.UsageError(f"{SHARD} computes a share and {MERGE} judges all of them: give one per run")
+    if share is not None and partials is None:
+        raise pytest.UsageError(f"{SHARD}={text} needs {PARTIALS}=DIR: the folder its partial-{share[0]}-of-{share[1]}.json "
+                                "goes to (and that --kvaudit-merge reads)")
+    if partials is not None and share is None:
+        raise pytest.UsageError(f"{PARTIALS}={partials} without {SHARD}=I/N: say which share this runner computes")
+    return share, Path(partials) if partials else None, Path(merge) if merge else None
 
 
 def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:

@@ -57,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(sess, "kvaudit-session")
     sess.selection = opt.claim_selection(config)
     sess.plan_only = opt.flag(config, opt.PLAN)
+    sess.share, sess.partials, sess.merge = opt.shards(config)
     if _wants_builtin_claims(config, sess.selection):
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
@@ -66,7 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
         sess.shard = worker_shard(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
-            config.pluginmanager.register(XdistController(), "kvaudit-xdist")
+            sess.controller = XdistController()
+            config.pluginmanager.register(sess.controller, "kvaudit-xdist")
 
 
 def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
@@ -77,7 +79,7 @@ def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | No
         return False
     if selection is not None:
         return True
-    named = opt.value(config, opt.MODEL) is not None
+    named = any(opt.value(config, f) is not None for f in (opt.MODEL, opt.SHARD, opt.MERGE))
     return named and config.args_source != pytest.Config.ArgsSource.ARGS
 
 
@@ -194,6 +196,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
         for line in plan_lines(sess.plan):
             terminalreporter.write_line(line)
+    if sess.share_line is not None:
+        bad = sess.share_line.startswith("FAILED")
+        terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
     rep = _report(sess)
     if rep is None:
         if sess.error:
@@ -222,6 +227,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if sess.plan_only:
         _plan_only(session, sess)
         return
+    if sess.share is not None and not config.option.collectonly:
+        # a share run succeeds only when its partial is written: the skipped claims alone would exit 0
+        ctl = sess.controller
+        sess.share_line = sess.finish_share(ctl.dir if ctl else None, ctl.workers if ctl else 0)
+        if sess.share_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     rep = _report(sess)
     if rep is None:
         return

@@ -40,6 +40,12 @@ class KvauditSession:
     display: dict[str, dict[str, Any]] = field(default_factory=dict)
     run_info: dict[str, Any] = field(default_factory=dict)
     shard: tuple[int, int, Path] | None = None  # (index, count, folder) on a sharding xdist worker
+    share: tuple[int, int] | None = None  # --kvaudit-shard=I/N: this runner computes share I of N
+    partials: Path | None = None  # --kvaudit-partials: where the share's partial goes
+    merge: Path | None = None  # --kvaudit-merge: judge the partials under this folder, compute nothing
+    written: Path | None = None  # the partial this run wrote
+    share_line: str | None = None  # the share's outcome, for the terminal summary
+    controller: Any = None  # the XdistController, on an xdist controller
     started: float = field(default_factory=time.perf_counter)
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
     plan_only: bool = False  # --kvaudit-plan: price the run, compute nothing beyond the calibration
@@ -48,16 +54,64 @@ class KvauditSession:
 
     # -- the store -----------------------------------------------------------------------------
     def get_store(self) -> Store:
-        """The run's store: computed here, or merged from every xdist worker's shard."""
+        """The run's store: computed here, merged from every xdist worker's shard, or from every runner's
+        partial. A share is not the whole: in a ``--kvaudit-shard`` run every kvaudit test skips once the share
+        is recorded, saying how to judge it."""
         if self.store is None and self.error is None:
             try:
-                self.store = self._merge_shards() if self.shard else self._compute()
+                if self.merge is not None:
+                    self.store = self._merge_partials()
+                elif self.share is not None and self.shard is None:
+                    self.store = self._compute()
+                    self.written = self._write_partial([self.export(self.store)])
+                elif self.share is None:
+                    self.store = self._merge_shards() if self.shard else self._compute()
             except KvauditError as exc:
                 self.error = str(exc)
         if self.error is not None:
             pytest.fail(self.error, pytrace=False)
+        if self.share is not None:
+            i, n = self.share
+            pytest.skip(f"shard {i}/{n} recorded to {self.partials}: judge with --kvaudit-merge={self.partials}")
         assert self.store is not None
         return self.store
+
+    def export(self, store: Store) -> dict[str, Any]:
+        """A store's export with what a merge compares across runners: the item set and the plan."""
+        from .partials import item_set_info, plan_of
+
+        return {**store.export(), "item_set": item_set_info(store.item_set, item_set_name(store)),
+                "plan": plan_of(store.cfg)}
+
+    def _write_partial(self, exports: list[dict[str, Any]]) -> Path:
+        from .partials import write
+
+        assert self.share is not None and self.partials is not None
+        try:
+            return write(self.partials, *self.share, exports)
+        except OSError as exc:
+            raise KvauditError(f"--kvaudit-partials={self.partials}: cannot write the partial ({exc})") from None
+
+    def finish_share(self, shard_dir: Path | None, workers: int) -> str:
+        """On the process that owns the run (not an xdist worker): the partial, written from the xdist workers'
+        shards when there are any; returns the summary line, starting with "FAILED" when nothing was written."""
+        assert self.share is not None
+        i, n = self.share
+        if shard_dir is not None and self.written is None:
+            from .xdist_glue import collect_shards
+
+            got = collect_shards(shard_dir, workers, timeout=0)
+            if got["error"] or got["dead"] or len(got["exports"]) != workers:
+                why = got["error"] or (f"worker(s) {', '.join(f'gw{w}' for w in got['dead'])} computed nothing or died"
+                                       if len(got["exports"]) else "no kvaudit test ran")
+                return f"FAILED: shard {i}/{n} not recorded: {why}"
+            try:
+                self.written = self._write_partial(got["exports"])
+            except KvauditError as exc:
+                return f"FAILED: shard {i}/{n} not recorded: {exc}"
+        if self.written is None:
+            return f"FAILED: shard {i}/{n} not recorded: {self.error or 'no kvaudit test ran'}"
+        return f"shard {i}/{n} recorded to {self.written}: judge all {n} with --kvaudit-merge={self.partials}"
 
     def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
         import torch
@@ -76,7 +130,7 @@ class KvauditSession:
             # one GPU per worker: worker i takes GPU i mod the number of GPUs
             cfg = cfg.replace(device=f"cuda:{max(0, self.shard[0]) % torch.cuda.device_count()}")
         faults = self.pytest_config.hook.pytest_kvaudit_faults(config=self.pytest_config) or NO_FAULTS
-        return Store.open(cfg, shard_index, shard_count, faults)
+        return Store.open(cfg, shard_index, shard_count, faults, self.share or (0, 1))
 
     def _compute(self) -> Store:
         from .progress import printer
@@ -129,9 +183,11 @@ class KvauditSession:
             if index == 0:  # one worker prices the whole run
                 store.plan = self.make_plan(store, count)
             store.compute(progress=shard_writer(folder, index))
-            write_shard(folder, index, store.export())
+            write_shard(folder, index, self.export(store) if self.share is not None else store.export())
         except KvauditError as exc:
             write_shard_error(folder, index, str(exc))
+            if self.share is not None:  # a share's claims skip without merging: they fail with the error here
+                self.error = str(exc)
 
     def _merge_shards(self) -> Store:
         from .store import Store
@@ -144,6 +200,24 @@ class KvauditSession:
             raise KvauditError(got["error"])
         cfg, item_set = Store.resolve(self.config)
         return Store.merged(cfg, item_set, got["exports"])
+
+    def _merge_partials(self) -> Store:
+        """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
+        The run's config becomes the shares' plan, so thresholds, analyses and the report see what a single run
+        would have seen."""
+        from . import partials
+        from .store import Store
+
+        assert self.merge is not None
+        parts = partials.load(self.merge)
+        partials.check(parts, self.merge)
+        head = parts[0][1]
+        self.config = partials.config(head, self.config)
+        store = Store.merged(self.config, partials.item_set(head), partials.exports(parts))
+        if store.missing:
+            raise KvauditError(f"kvaudit merge: the partials in {self.merge} lack {len(store.missing)} items of the set "
+                               f"(first {store.missing[0]!r}): re-run the share that should hold it")
+        return store
 
     @pytest.hookimpl
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -178,7 +252,8 @@ class KvauditSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
         # a worker computes its shard only when the run holds a kvaudit test: an unrelated -n run costs nothing
-        if (self.shard is not None and not session.config.option.collectonly and not self.plan_only
+        # (a merge computes nothing: its workers merge the partials like a single process would)
+        if (self.shard is not None and self.merge is None and not session.config.option.collectonly and not self.plan_only
                 and any(map(uses_store, session.items))):
             self.compute_shard()
         return (yield)

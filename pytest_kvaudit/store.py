@@ -40,11 +40,13 @@ class Store:
     """Holds the run's cells. ``compute()`` fills them once; claims read ``records``."""
 
     def __init__(self, cfg: AuditConfig, item_set: ItemSet, shard_index: int = 0, shard_count: int = 1,
-                 faults: Faults = NO_FAULTS) -> None:
+                 faults: Faults = NO_FAULTS, share: tuple[int, int] = (0, 1)) -> None:
         self.cfg = cfg
         self.item_set = item_set
-        self.items: list[Item] = shard(item_set.items, shard_index, shard_count)
+        # a runner's share (--kvaudit-shard=I/N), then this process's shard of it (xdist worker i of n)
+        self.items: list[Item] = shard(shard(item_set.items, *share), shard_index, shard_count)
         self.shard_index, self.shard_count = shard_index, shard_count
+        self.share = share
         self.faults = faults
         self.records: dict[tuple[str, str], CellRecord] = {}
         self.cost = Cost()
@@ -72,9 +74,10 @@ class Store:
         return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
 
     @classmethod
-    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, faults: Faults = NO_FAULTS) -> Store:
+    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, faults: Faults = NO_FAULTS,
+             share: tuple[int, int] = (0, 1)) -> Store:
         cfg, item_set = cls.resolve(cfg)
-        return cls(cfg, item_set, shard_index, shard_count, faults)
+        return cls(cfg, item_set, shard_index, shard_count, faults, share)
 
     @classmethod
     def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
@@ -219,6 +222,7 @@ class Store:
     def export(self) -> dict[str, Any]:
         return {
             "shard": [self.shard_index, self.shard_count],
+            "share": list(self.share),
             "records": [r.to_dict() for r in self.records.values()],
             "cost": asdict(self.cost),
             "identity": self.identity,

@@ -31,6 +31,7 @@ class XdistController:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="kvaudit-shards-"))
         self.progress: ShardProgress | None = None
+        self.workers = 0  # xdist's worker count, known once the first node is configured
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -47,6 +48,7 @@ class XdistController:
     @pytest.hookimpl
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[SHARD_DIR] = str(self.dir)
+        self.workers = int(node.workerinput.get("workercount", self.workers))
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
