@@ -146,7 +146,7 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, i=0, n=1, faults=None: seen.append((cfg.device, i, n))))
+    monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, i=0, n=1, *a: seen.append((cfg.device, i, n))))
     no_faults = SimpleNamespace(hook=SimpleNamespace(pytest_kvaudit_faults=lambda config: None))
     for index in range(3):
         sess = KvauditSession(AuditConfig(), no_faults, {}, None, shard=(index, 3, tmp_path))  # type: ignore[arg-type]
