@@ -81,7 +81,10 @@ class Store:
 
     @classmethod
     def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
-        """One store over the whole item set from shard exports, in the order a single process computes."""
+        """One store over the whole item set from shard exports, in the order a single process computes.
+        Shards computed in different environments (another GPU model, CPU instruction set, library) or by
+        another model are refused: one run's figures must come from one environment."""
+        check_one_environment(exports)
         s = cls(cfg, item_set)
         found: dict[tuple[str, str], CellRecord] = {}
         for e in exports:
@@ -230,6 +233,24 @@ class Store:
             "stages": self.stages,
             "plan": self.plan,
         }
+
+
+def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:
+    from .ledger import ENV_FIELDS, MODEL_FIELDS
+
+    def ident(e: dict[str, Any]) -> dict[str, Any]:
+        env, model = e.get("environment") or {}, e.get("identity") or {}
+        return {**{f"environment.{k}": env.get(k) for k in ENV_FIELDS}, **{f"model.{k}": model.get(k) for k in MODEL_FIELDS}}
+
+    computed = [e for e in exports if e.get("records")]
+    if len(computed) < 2:
+        return
+    first = ident(computed[0])
+    for e in computed[1:]:
+        diff = [f"{k} {first[k]!r} vs {v!r}" for k, v in ident(e).items() if v != first[k]]
+        if diff:
+            raise KvauditError(f"xdist shards were computed in different environments ({'; '.join(diff[:3])}): one "
+                               "run's figures must come from one environment: pin the workers to one kind of device")
 
 
 def _free_device_memory() -> None:

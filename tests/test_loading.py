@@ -153,3 +153,19 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
         sess._open(index, 3)
     assert seen == [("cuda:0", 0, 3), ("cuda:1", 1, 3), ("cuda:0", 2, 3)]
     torch.set_num_threads(1)
+
+
+def test_xdist_shards_from_two_environments_are_refused() -> None:
+    from pytest_kvaudit.store import check_one_environment
+
+    def export(gpu: str, digest: str = "sha256:a") -> dict:
+        return {"records": [{}], "environment": {"device": "cuda", "device_name": gpu},
+                "identity": {"weights_digest": digest}}
+
+    check_one_environment([export("NVIDIA H200"), export("NVIDIA H200")])
+    check_one_environment([export("NVIDIA H200"), {"records": [], "environment": {}, "identity": {}}])  # idle worker
+    with pytest.raises(KvauditError, match=r"^xdist shards were computed in different environments "
+                                           r"\(environment.device_name 'NVIDIA H200' vs 'NVIDIA A100'\)"):
+        check_one_environment([export("NVIDIA H200"), export("NVIDIA A100")])
+    with pytest.raises(KvauditError, match="model.weights_digest"):
+        check_one_environment([export("NVIDIA H200"), export("NVIDIA H200", "sha256:b")])
