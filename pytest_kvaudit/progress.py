@@ -122,14 +122,18 @@ class ShardProgress:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=2)
+        self.poll()  # the last tally, whatever the thread's timing
 
     def _run(self) -> None:
         while not self.stop.wait(0.5):
-            tallies = []
-            for p in sorted(self.folder.glob("progress-*.json")):
-                try:
-                    tallies.append(Tally(**json.loads(p.read_text())))
-                except (OSError, ValueError, TypeError):
-                    continue  # a worker is replacing it right now
-            if tallies:
-                self.show(Tally.total(tallies))
+            self.poll()
+
+    def poll(self) -> None:
+        tallies = []
+        for p in sorted(self.folder.glob("progress-*.json")):
+            try:
+                tallies.append(Tally(**json.loads(p.read_text())))
+            except (OSError, ValueError, TypeError):
+                continue  # a worker is replacing it right now
+        if tallies:
+            self.show(Tally.total(tallies))
