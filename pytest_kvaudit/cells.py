@@ -92,9 +92,13 @@ class CellBuilder:
         return str(self.tok.decode(list(ids), skip_special_tokens=False))
 
     # -- the pipeline --------------------------------------------------------------------------
-    def compute(self, item: Item, dtype: str, fixed_prefix: tuple[int, ...] | None, donors: bool,
-                sweep: bool) -> tuple[CellRecord, tuple[int, ...] | None]:
-        """The cell of ``item`` at ``dtype``; also returns its prefix (None when ineligible)."""
+    def compute(self, item: Item, dtype: str, fixed_prefix: tuple[int, ...] | None,
+                grant: Callable[[], tuple[bool, ...]]) -> tuple[CellRecord, tuple[int, ...] | None]:
+        """The cell of ``item`` at ``dtype``; also returns its prefix (None when ineligible).
+
+        ``grant()`` says, for a divergent unit only, whether it gets the transplants and the layer sweep
+        (the run's budgets go to the first divergent units in a single run's order; under xdist the answer
+        may wait for another worker's unit before this one)."""
         rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
         if surely_too_long(item, self.per_token, self.max_positions):  # not even tokenized
             return CellRecord(item.id, dtype, (), (), None, TOO_LONG, item.answer), None
@@ -117,8 +121,10 @@ class CellBuilder:
         # the first precision's own prefix fixes the 2x2's ids for every precision
         self.fixed_prefix(rec, prompt, tr.prefix if primary else fixed_prefix)
         self.anatomy(rec, live_state, prefill_state)
-        if donors and rec.unsupported is None and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix:
-            self.transplants(rec, live_state, prefill_state, last, budget, sweep)
+        if rec.unsupported is None and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix:
+            donors, sweep = grant()
+            if donors:
+                self.transplants(rec, live_state, prefill_state, last, budget, sweep)
         return rec, tr.prefix
 
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:

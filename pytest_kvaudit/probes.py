@@ -6,16 +6,28 @@ each with the forward ``tokens`` it ran (so a plan can be checked against the re
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import cache as kv
 from .config import BoundaryRule
 from .constructions import Decoder, continue_greedy, trajectory
+from .items import Item
 from .loading import ModelHandle
 from .schedules import schedule
 
 if TYPE_CHECKING:
+    from .records import CellRecord
     from .store import Store
+
+
+def audited(store: Store, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
+    """This store's items whose cell at ``dtype`` holds a boundary state to probe (under xdist, only the items
+    this worker took from the queue)."""
+    for item in store.items:
+        rec = store.records.get((item.id, dtype))
+        if rec is not None and rec.eligible and not rec.unsupported:
+            yield item, rec
 
 
 def attention_axis(store: Store, dtype: str, attn: str) -> None:
@@ -23,10 +35,7 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
     h = store.handle(dtype, attn)
     dec = Decoder(h.model, h.eos_ids, store.cost, store.faults)
     iset = store.item_set
-    for item in store.items:
-        rec = store.records[(item.id, dtype)]
-        if not rec.eligible or rec.unsupported:
-            continue
+    for item, rec in audited(store, dtype):
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
         t0 = dec.cost.forward_tokens
         dec.path = f"axis:{attn}:live"
@@ -53,10 +62,7 @@ def cache_axis(store: Store, h: ModelHandle, dtype: str, kind: str) -> None:
     the live K/V (a transplant into the preallocated slice) hold exactly the live state and follow it; and is
     its live state the dynamic layout's, bit for bit, over the filled positions."""
     iset = store.item_set
-    for item in store.items:
-        rec = store.records[(item.id, dtype)]
-        if not rec.eligible or rec.unsupported:
-            continue
+    for item, rec in audited(store, dtype):
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
         dec = Decoder(h.model, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
         t0 = dec.cost.forward_tokens
@@ -103,9 +109,8 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
     b, all_items = store.cfg.batch_size, store.item_set.items
     per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
     index = {it.id: i for i, it in enumerate(all_items)}
-    for item in store.items:
-        rec = store.records[(item.id, dtype)]
-        if index[item.id] >= store.cfg.batch_units or not rec.eligible or rec.unsupported or b < 2:
+    for item, rec in audited(store, dtype):
+        if index[item.id] >= store.cfg.batch_units or b < 2:
             continue
         head = list(rec.prefix[:-1])
         others = [o for j in range(1, b)

@@ -166,7 +166,12 @@ class KvauditSession:
             atomic_write_text(self.report_path, dumps({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}))
 
     def compute_shard(self) -> None:
-        """On an xdist worker, before any test: compute this worker's shard and hand it to the others."""
+        """On an xdist worker, before any test: compute this worker's part and hand it to the others.
+
+        The workers take items one at a time from a queue in the shard folder (work stealing,
+        :mod:`.workqueue`) rather than a fixed round-robin shard: divergent items cost several times a plain
+        one, so fixed shares leave one worker waiting for the other. Records are merged back into a single
+        run's order by :meth:`Store.merged`, whoever computed them."""
         from .xdist_glue import write_shard, write_shard_error
 
         assert self.shard is not None
@@ -177,12 +182,15 @@ class KvauditSession:
             write_shard_error(folder, index, self.error)
             return
         from .progress import shard_writer
+        from .workqueue import WorkQueue
 
         try:
-            store = self._open(index, count)
+            store = self._open()
             if index == 0:  # one worker prices the whole run
                 store.plan = self.make_plan(store, count)
-            store.compute(progress=shard_writer(folder, index))
+            queue = WorkQueue(folder, index, len(store.items))
+            store.compute(progress=shard_writer(folder, index), queue=queue,
+                          nominal=WorkQueue.nominal(len(store.items), index, count))
             write_shard(folder, index, self.export(store) if self.share is not None else store.export())
         except KvauditError as exc:
             write_shard_error(folder, index, str(exc))

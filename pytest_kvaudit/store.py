@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from .items import Item, ItemSet, load_item_set
 from .loading import ModelHandle, environment, open_model, resolve_checkpoint
 from .progress import Tally
 from .records import CellRecord, Transplant, sweep_subsets
+from .workqueue import LostItem, WorkQueue, within
 
 __all__ = ["CellRecord", "Progress", "Store", "Transplant", "shard", "sweep_subsets"]
 
@@ -99,12 +101,14 @@ class Store:
             s.plan = s.plan or e.get("plan", {})
             s.identity = s.identity or e["identity"]
             s.environment = s.environment or e["environment"]
+        # an item is there at every precision or missing: a worker that died takes the cells it computed along,
+        # and a later precision's cell of such an item must not pass for the whole item
+        s.missing = [it.id for it in item_set.items if any((it.id, d) not in found for d in cfg.dtypes)]
+        lost = set(s.missing)
         for dtype in cfg.dtypes:
             for item in item_set.items:
-                if (item.id, dtype) in found:
+                if item.id not in lost:
                     s.records[(item.id, dtype)] = found[(item.id, dtype)]
-        have = {i for i, _ in found}
-        s.missing = [it.id for it in item_set.items if it.id not in have]
         s.cost.minimal_forward_tokens = s.minimal_tokens()
         s.computed = True
         return s
@@ -135,16 +139,23 @@ class Store:
         return prompt_ids(item, h.tokenizer, self.cfg.chat_template, self.cfg.model)
 
     # -- computing -----------------------------------------------------------------------------
-    def compute(self, progress: Progress | None = None) -> None:
+    def compute(self, progress: Progress | None = None, queue: WorkQueue | None = None,
+                nominal: int | None = None) -> None:
+        """Every cell of this store's items, precision by precision (one model in memory at a time).
+
+        With a ``queue`` (xdist workers), the items are taken one at a time from the queue shared with the
+        other workers instead of all computed here; ``nominal`` is this worker's expected count, for progress.
+        """
         if self.computed:
             return
         t0 = time.perf_counter()
-        tally = Tally(list(self.cfg.dtypes), len(self.items))
+        tally = Tally(list(self.cfg.dtypes), len(self.items) if nominal is None else nominal)
         if progress is not None:
             progress(tally)  # the share's size, before the first model loads
         fixed_prefix: dict[str, tuple[int, ...] | None] = {}
-        donors_left, sweeps_left = self.cfg.donor_max_units, self.cfg.sweep_units
-        for dtype in self.cfg.dtypes:
+        budgets = (self.cfg.donor_max_units, self.cfg.sweep_units)
+        granted = 0  # transplant units so far, in (precision, item) order (a single process)
+        for phase, dtype in enumerate(self.cfg.dtypes):
             t_stage = time.perf_counter()
             h = self.handle(dtype)
             if not self.identity:
@@ -157,12 +168,20 @@ class Store:
             self._check_prompt_ids(h)
             dec = Decoder(h.model, h.eos_ids, self.cost, self.faults)
             builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
-            for item in self.items:
-                rec = self._cell(builder, item, dtype, fixed_prefix, donors_left > 0, sweeps_left > 0)
-                if rec.whole_transplants():
-                    donors_left -= 1
-                    sweeps_left -= 1
+            for j, item in self._taken(phase, queue):
+                # the budgets go to the first transplant units in (precision, item) order; under xdist counted
+                # over every worker's units, decided (for a divergent unit only) once those before it are known
+                grant = partial(within, granted, budgets) if queue is None else partial(queue.grant, phase, j, budgets)
+                if queue is not None and phase > 0:
+                    try:
+                        fixed_prefix[item.id] = queue.prefix(j)
+                    except LostItem:  # its first cell died with another worker: missing, not computed
+                        continue
+                rec = self._cell(builder, item, dtype, fixed_prefix, grant)
+                granted += bool(rec.whole_transplants())
                 self.records[(item.id, dtype)] = rec
+                if queue is not None:
+                    queue.done(phase, j, bool(rec.whole_transplants()), fixed_prefix.get(item.id) if phase == 0 else None)
                 tally.done[dtype] = tally.done.get(dtype, 0) + 1
                 tally.tokens, tally.seconds = self.cost.forward_tokens, time.perf_counter() - t0
                 if progress is not None:
@@ -170,6 +189,9 @@ class Store:
             probes.batch_invariance(self, dec, h, dtype)
             for kind in self.cfg.cache_axes:  # before the attention axes, which load other models
                 probes.cache_axis(self, h, dtype, kind)
+            # one model resident at a time: these hold the model, and the next handle() can free only what
+            # nothing else references (else two are in memory while the next one loads)
+            del h, dec, builder
             for attn in self.cfg.attn_axes:
                 probes.attention_axis(self, dtype, attn)
             self.stages[dtype] = round(time.perf_counter() - t_stage, 3)
@@ -179,11 +201,19 @@ class Store:
         self.cost.minimal_forward_tokens = self.minimal_tokens()
         self.computed = True
 
+    def _taken(self, phase: int, queue: WorkQueue | None) -> Iterator[tuple[int, Item]]:
+        """(index, item) in item order: all of this store's items, or those this worker takes from the queue."""
+        if queue is None:
+            yield from enumerate(self.items)
+            return
+        while (j := queue.take(phase)) is not None:
+            yield j, self.items[j]
+
     def _cell(self, builder: CellBuilder, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],
-              donors: bool, sweep: bool) -> CellRecord:
+              grant: Callable[[], tuple[bool, ...]]) -> CellRecord:
         """One cell; out of memory on one item is reported for that item and the run goes on."""
         try:
-            rec, prefix = builder.compute(item, dtype, fixed_prefix.get(item.id), donors, sweep)
+            rec, prefix = builder.compute(item, dtype, fixed_prefix.get(item.id), grant)
         except KvauditError:
             raise
         except RuntimeError as exc:

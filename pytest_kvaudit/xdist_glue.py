@@ -1,11 +1,12 @@
 """pytest-xdist glue: shard items over workers, judge every claim on the whole.
 
-Every worker computes only its shard of items (round-robin by worker index, so the plan depends on
-nothing but ``-n``) and writes it, atomically, to a folder the controller handed out through
-``workerinput``. A claim test, on whichever worker it lands, waits for every shard and judges the
-merged records, so a claim over 200 items is one verdict whatever ``-n``. A worker that dies leaves a
-``.dead`` marker (written by the controller in ``pytest_testnodedown``): its items are reported
-missing and no claim that needed them can pass.
+Every worker computes a part of the items (taken one at a time from a queue in a folder the controller
+handed out through ``workerinput``, :mod:`.workqueue`, so that a worker with costly divergent items does
+not hold the other up) and writes it, atomically, to that folder. A claim test, on whichever worker it
+lands, waits for every part and judges the merged records, so a claim over 200 items is one verdict
+whatever ``-n``. A worker that dies leaves a ``.dead`` marker (written by the controller in
+``pytest_testnodedown``): the items it computed are reported missing and no claim that needed them can
+pass.
 """
 
 from __future__ import annotations

@@ -296,21 +296,24 @@ def test_figures_are_identical_with_and_without_xdist(pytester: pytest.Pytester,
 
 
 def test_a_crashed_worker_never_turns_into_a_pass(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    # worker gw1 dies on the second item it takes: the cells it computed die with it (work stealing hands
+    # out the rest to gw0, which gives up on the lost items' later precisions once gw1 is known dead)
     crash = (
         "import os\n"
-        "from pytest_kvaudit.store import Store\n"
-        "_compute = Store.compute\n"
-        "def compute(self, progress=None):\n"
-        "    if self.shard_index == 1:\n"
+        "from pytest_kvaudit.cells import CellBuilder\n"
+        "_inner, taken = CellBuilder.compute, []\n"
+        "def cell(self, item, *a):\n"
+        "    taken.append(item.id)\n"
+        "    if os.environ.get('PYTEST_XDIST_WORKER') == 'gw1' and len(taken) == 2:\n"
         "        os._exit(3)\n"
-        "    return _compute(self, progress)\n"
-        "Store.compute = compute\n"
+        "    return _inner(self, item, *a)\n"
+        "CellBuilder.compute = cell\n"
     )
     setup_suite(pytester, crash)
     res, data = run(pytester, tiny_llama, "-n", "2")
     assert res.ret != 0
     assert "pass" not in statuses(data).values()
-    assert data["items"]["ineligible"].get("missing") == 4
+    assert data["items"]["ineligible"].get("missing", 0) >= 1
     res.stdout.fnmatch_lines(["*items missing (a worker died*"])
 
 
