@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import digest, fingerprint_ids
+from .config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
 from .errors import KvauditError
 
 LEDGER_VERSION = 1
@@ -70,6 +71,9 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
     whole = r.whole_transplants()
     if whole and with_transplants:
         u["transplants"] = {f"{t.direction}/all/kv": {"suffix": ids(t.suffix), "followed": t.followed} for t in whole}
+        # every transplant continuation's tokens (the sweep's and the controls' too): what a plan needs to price
+        # a re-run exactly (:func:`pytest_kvaudit.plan.units_of_ledger`); cost bookkeeping, not audited
+        u["transplant_tokens"] = sum(len(t.suffix) for t in r.transplants)
     return u
 
 
@@ -87,6 +91,16 @@ def build(store: Any) -> dict[str, Any]:
                    "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes)},
         "units": {f"{r.item_id}@{r.dtype}": unit_of(r, id(r) in donors) for r in store.records.values()},
     }
+
+
+def default_path(snapshots: str | None, model: str) -> Path:
+    """Where the built-in ``ledger_audit`` suite keeps ``model``'s ledger (``--kvaudit-snapshots`` or
+    ``snapshots/``); the embedded checkpoint's falls back to the ledger kvaudit ships."""
+    name = slug(model)
+    path = Path(snapshots or "snapshots") / name / "test_ledger_audit" / "test_ledger_audit.json"
+    if not path.is_file() and name == EMBEDDED_NAME:
+        return EMBEDDED_SNAPSHOTS / "test_ledger_audit" / "test_ledger_audit.json"
+    return path
 
 
 def parse(text: str, where: str) -> dict[str, Any]:

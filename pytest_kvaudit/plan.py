@@ -197,35 +197,176 @@ def sums(by: Mapping[str, Mapping[str, list[int]]]) -> tuple[int, int]:
     return calls, tokens
 
 
-# -- after a run: the same model on the records' lengths ---------------------------------------------
-def price(records: Iterable[Any], cfg: AuditConfig) -> dict[str, int]:
+# -- the same model on known lengths: a run's records, or a recorded ledger ---------------------------
+@dataclass(frozen=True)
+class Unit:
+    """What pricing needs of one (item, precision), known after it ran (its records) or from a ledger that
+    recorded it: the lengths of every trajectory and continuation, and the forward tokens of its probes."""
+
+    prompt: int
+    generated: int
+    fixed: tuple[int, tuple[int, ...]] | None = None  # the 2x2's head (ids before the last) and its two suffixes
+    head: int | None = None  # eligible: ids before the prefix's last
+    replica: int = 0  # the replica trajectory's generated tokens
+    continuations: tuple[tuple[str, int], ...] = ()  # (construction, suffix length), live and its replica apart
+    transplant_tokens: int = 0  # every transplant continuation (one token a call)
+    probe_tokens: int = 0
+
+
+def unit_of_record(r: Any) -> Unit | None:
+    """A computed record's lengths (None for an item that ran no forward)."""
+    if r.error or not r.generated:
+        return None
+    fixed = None
+    if r.fixed:
+        fixed = ((r.fixed_prefix_len or 0) - 1, (len(r.fixed["replay"].suffix), len(r.fixed["prefill"].suffix)))
+    head = replica = 0
+    conts: tuple[tuple[str, int], ...] = ()
+    if r.eligible:
+        head = len(r.prefix) - 1
+        rep = r.constructions["live:replica"]
+        replica = r.boundary + len(rep.suffix) if rep.logits_fp else len(rep.suffix)
+        conts = tuple((k, len(c.suffix)) for k, c in r.constructions.items() if k not in ("live", "live:replica"))
+    probes = r.probes
+    tokens = sum(int(o.get("tokens", 0)) for o in [*probes.axes.values(), *probes.cache.values(), probes.batch] if o)
+    return Unit(len(r.prompt_ids), len(r.generated), fixed, head if r.eligible else None, replica, conts,
+                sum(len(t.suffix) for t in r.transplants), tokens)
+
+
+def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
+    """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them)."""
+    acc: dict[str, list[int]] = {}
+    for u in units:
+        _trajectory(acc, "live", u.prompt, u.generated)
+        if u.fixed is not None:
+            head, suffixes = u.fixed
+            for name, s in zip(("incremental", "prefill"), suffixes):
+                _construction(acc, "fixed_prefix_2x2", name, u.prompt, head, s)
+        if u.head is not None:
+            _trajectory(acc, "live:replica", u.prompt, u.replica)
+            for name, s in u.continuations:
+                _construction(acc, name, name.split(":")[0], u.prompt, u.head, s)
+            if u.transplant_tokens:
+                add(acc, "transplants", u.transplant_tokens, u.transplant_tokens)
+        if u.probe_tokens:
+            add(acc, "probes", 0, u.probe_tokens)
+    return acc
+
+
+def price(records: Iterable[Any], cfg: AuditConfig | None = None) -> dict[str, int]:
     """Forward calls and tokens of a run, priced from its records' lengths with the plan's model: equal to
     what the decoder counted when the model of the work is exact."""
-    acc: dict[str, list[int]] = {}
-    for r in records:
-        if r.error or not r.generated:
-            continue
-        p = len(r.prompt_ids)
-        _trajectory(acc, "live", p, len(r.generated))
-        if r.fixed:
-            head = (r.fixed_prefix_len or 0) - 1
-            for name, c in (("incremental", r.fixed["replay"]), ("prefill", r.fixed["prefill"])):
-                _construction(acc, "fixed_prefix_2x2", name, p, head, len(c.suffix))
-        if r.eligible:
-            head = len(r.prefix) - 1
-            rep = r.constructions["live:replica"]
-            _trajectory(acc, "live:replica", p, r.boundary + len(rep.suffix) if rep.logits_fp else len(rep.suffix))
-            for name, c in r.constructions.items():
-                if name not in ("live", "live:replica"):
-                    _construction(acc, name, name.split(":")[0], p, head, len(c.suffix))
-            for t in r.transplants:
-                add(acc, "transplants", len(t.suffix), len(t.suffix))
-        probes = r.probes
-        for o in [*probes.axes.values(), *probes.cache.values(), probes.batch]:
-            if o:
-                add(acc, "probes", 0, int(o.get("tokens", 0)))
+    acc = price_units(u for u in map(unit_of_record, records) if u is not None)
     return {"forward_tokens": sum(a[2] for a in acc.values()),
             "forward_calls_cells": sum(a[1] for k, a in acc.items() if k != "probes")}
+
+
+def _ids_len(text: Any) -> int:
+    return len(str(text).split()) if text else 0
+
+
+def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: AuditConfig,
+                    n_layers: int) -> tuple[dict[tuple[str, str], Unit], int]:
+    """The units a recorded ledger prices, for the items in ``prompts`` (id -> prompt length, in item order):
+    a run that reproduces the ledger's trajectories has these lengths. Also returns how many transplant units
+    were priced by the plan's model rather than as recorded (a ledger written before ``transplant_tokens``:
+    each continuation at the donor's suffix length). The probes are not in a ledger."""
+    out: dict[tuple[str, str], Unit] = {}
+    recorded = doc.get("units", {})
+    dtypes = list(cfg.dtypes)
+    guessed = spent = 0
+    fixed_head: dict[str, int] = {}
+    for item, p in prompts.items():
+        first = recorded.get(f"{item}@{dtypes[0]}") if dtypes else None
+        if first is not None and first.get("reason") is None and first.get("boundary") is not None:
+            fixed_head[item] = p + int(first["boundary"]) - 1
+    for d in dtypes:  # a single run's order: the sweep goes to the first transplant units
+        for item, p in prompts.items():
+            u = recorded.get(f"{item}@{d}")
+            if u is None or not u.get("generated"):
+                continue
+            fixed = None
+            if u.get("fixed") and item in fixed_head:
+                fixed = (fixed_head[item], (_ids_len(u["fixed"]["replay"]["suffix"]),
+                                            _ids_len(u["fixed"]["prefill"]["suffix"])))
+            head, replica, transplant = None, 0, 0
+            conts: tuple[tuple[str, int], ...] = ()
+            cs = u.get("constructions") or {}
+            if u.get("reason") is None and cs:
+                b = int(u["boundary"])
+                head = p + b - 1
+                rep = cs["live:replica"]
+                replica = b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])
+                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items()) if k not in ("live", "live:replica"))
+                if "transplant_tokens" in u:
+                    transplant = int(u["transplant_tokens"])
+                elif u.get("transplants"):
+                    guessed += 1
+                    transplant = transplants_per_unit(spent < cfg.sweep_units, n_layers) * _ids_len(cs["live"]["suffix"])
+                spent += bool(u.get("transplants"))
+            out[(item, d)] = Unit(p, _ids_len(u["generated"]), fixed, head, replica, conts, transplant)
+    return out, guessed
+
+
+def batch_probe_tokens(head: int, index: int, prompts: Sequence[int | None], cfg: AuditConfig) -> int:
+    """The batch-invariance probe's tokens for the item at ``index`` of the item set: its boundary head and the
+    next ``batch_size - 1`` items' prompts (None: too long to run), left-padded to one width (:mod:`.probes`)."""
+    if index >= cfg.batch_units or cfg.batch_size < 2:
+        return 0
+    others = [p for j in range(1, cfg.batch_size) if (p := prompts[(index + j) % len(prompts)]) is not None]
+    return 0 if not others else (1 + len(others)) * max(head, *others)
+
+
+def ledger_prediction(cfg: AuditConfig, identity: Mapping[str, Any], env: Mapping[str, Any],
+                      prompts: Mapping[str, int | None], n_layers: int) -> dict[str, Any]:
+    """The run priced on the lengths of its recorded ledger (:func:`pytest_kvaudit.ledger.default_path`), when
+    one was recorded for this model and these settings. In the environment that recorded it a run
+    reproduces every trajectory bit for bit (what ``ledger_audit`` asserts), so the price is the run's
+    forward tokens exactly; ``usable`` says whether it applies and ``why`` when not."""
+    from . import ledger as L
+    from .errors import KvauditError
+
+    path = L.default_path(cfg.snapshots, cfg.model)
+    out: dict[str, Any] = {"path": str(path), "usable": False}
+    if not path.is_file():
+        return out | {"why": f"no ledger recorded at {path}"}
+    try:
+        doc = L.read(path)
+    except KvauditError as exc:
+        return out | {"why": str(exc)}
+    current = {"model": dict(identity), "environment": dict(env),
+               "config": {"boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
+                          "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes)}}
+    diffs = L.identity_differences(doc, current, tokens_only=True)
+    if diffs:
+        return out | {"why": f"the ledger at {path} was recorded for another model or settings: {'; '.join(diffs)}"}
+    order = [i for i, p in prompts.items() if p is not None]
+    units, guessed = units_of_ledger(doc, {i: int(prompts[i] or 0) for i in order}, cfg, n_layers)
+    lengths = list(prompts.values())
+    index = {i: k for k, i in enumerate(prompts)}
+    steps: dict[str, dict[str, list[int]]] = {}
+    for d in cfg.dtypes:
+        mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
+        probed = [Unit(u.prompt, 0, probe_tokens=batch_probe_tokens(u.head, index[i], lengths, cfg))
+                  for i, u in mine if u.head is not None]
+        acc = price_units([u for _, u in mine])
+        batch = price_units(probed).get("probes")
+        if batch:
+            acc["batch_invariance"] = [batch[0], batch[0], batch[2]]
+        for _, u in mine:  # the axes run their own trajectories: priced on this precision's lengths
+            if u.head is not None and (cfg.attn_axes or cfg.cache_axes):
+                x = Lengths(u.prompt, u.head - u.prompt + 1, dict(u.continuations).get("prefill", 0))
+                extra = work(x, cfg.replace(chunks=()), None, False, False, n_layers)
+                for k, a in extra.items():
+                    if k.startswith(("axis:", "cache:")):
+                        acc[k] = [v + w for v, w in zip(acc.get(k, [0, 0, 0]), a)]
+        steps[d] = acc
+    missing = [i for i in order if any((i, d) not in units for d in cfg.dtypes)]
+    env_diffs = [x for x in L.identity_differences(doc, current, tokens_only=False) if x.startswith("environment.")]
+    exact = not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
+    return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
+                  "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
+                  "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
 
 
 # -- calibration: a few real forwards at each precision -----------------------------------------------
@@ -385,6 +526,7 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
     """The plan of ``store``'s run over its whole item set (every shard), after a short calibration."""
     from .cells import chars_per_token, prompt_ids, surely_too_long
     from .claims.base import least_units
+    from .environment import environment
 
     cfg, iset = store.cfg, store.item_set
     # a sample of 0 (what a normal run's report block uses) runs no calibration at all: every trajectory of
@@ -395,14 +537,15 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
     h = store.handle(cfg.primary_dtype)
     shape = model_shape(h.model)
     m = iset.max_new_tokens
-    prompts = []
     per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
+    prompt_of: dict[str, int | None] = {}  # item -> prompt length, None where the item is too long to run
     for it in iset.items:
-        if surely_too_long(it, per_token, h.max_positions):
-            continue
-        p = len(prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model))
-        if h.max_positions is None or p + m <= h.max_positions:
-            prompts.append(p)
+        p = None if surely_too_long(it, per_token, h.max_positions) else len(
+            prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model))
+        prompt_of[it.id] = p if p is not None and (h.max_positions is None or p + m <= h.max_positions) else None
+    prompts = [p for p in prompt_of.values() if p is not None]
+    env = environment(h.device) | {"attn_implementation": h.attn_implementation}
+    recorded = ledger_prediction(cfg, h.identity, env, prompt_of, shape["layers"])
     lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"])
                 for r in c["items"]] for d, c in cal["dtypes"].items()}
     most = bound(prompts, cfg, m, shape["layers"])
@@ -419,6 +562,19 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
             s += c.get("load_s", 0.0) + compute / max(1, workers)
         return round(s, 2)
 
+    # the prediction: the recorded ledger's lengths where one applies (exact in the environment that recorded
+    # it), else the calibration's expectation (--kvaudit-plan), else none (a normal run has only the bound)
+    if recorded["usable"]:
+        predicted: dict[str, dict[str, list[int]]] | None = recorded.pop("steps")
+        basis: str | None = (f"the lengths recorded in the ledger {recorded['path']}"
+                 + (": exact, a run here reproduces them" if recorded["exact"] else " (an estimate: "
+                    + "; ".join(recorded["environment_differences"] or ["axes or old transplant records priced by the model"])
+                    + ")"))
+    else:
+        recorded.pop("steps", None)
+        predicted = exp if sample else None
+        basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
+    calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     have = evidence(cfg, len(prompts), lens)
     verdicts = {c.name: decides(least_units(c, thresholds.get(c.name, {}), cfg), have) for c in claims}
     return {
@@ -426,15 +582,51 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
         "max_new_tokens": m, "workers": workers, "model": shape,
         "cells": {d: {k: a[0] for k, a in steps.items()} for d, steps in most.items()},
         "steps": {d: {k: {"cells": a[0], "forward_calls": a[1], "forward_tokens": a[2],
-                          "forward_tokens_expected": exp.get(d, {}).get(k, [0, 0, 0])[2]}
+                          "forward_tokens_expected": exp.get(d, {}).get(k, [0, 0, 0])[2],
+                          "forward_tokens_predicted": None if predicted is None else
+                          predicted.get(d, {}).get(k, [0, 0, 0])[2]}
                       for k, a in steps.items()} for d, steps in most.items()},
         "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS,
         "forward_calls_expected": calls_e if sample else None, "forward_tokens_expected": tokens_e if sample else None,
         "expected_basis": f"the lengths, eligibility and divergence of the first {sample} items at each precision, "
                           f"scaled to {len(prompts)} items",
-        "seconds_expected": seconds(exp) if sample else None, "seconds_bound": seconds(most) if sample else None,
+        "forward_tokens_predicted": tokens_p, "forward_calls_predicted": calls_p, "predicted_basis": basis,
+        "ledger": recorded,
+        "seconds_expected": seconds(predicted) if sample and predicted is not None else None,
+        "seconds_bound": seconds(most) if sample else None,
         "memory": memory(shape, max(prompts, default=0) + m, cfg.dtypes, cfg.batch_size),
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
         "claims": verdicts,
     }
+
+
+# -- the estimate a later run compares itself with ----------------------------------------------------
+#: pytest's cache key under which --kvaudit-plan leaves its estimate for the run that follows it
+CACHE_KEY = "kvaudit/plan"
+
+
+def run_key(cfg: AuditConfig) -> str:
+    """Which run a plan priced: the checkpoint and every setting that decides the work."""
+    import json
+    from pathlib import Path
+
+    from .partials import plan_of
+
+    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model
+    return json.dumps([model, plan_of(cfg)], sort_keys=True, default=list)
+
+
+def remember(cache: Any, cfg: AuditConfig, plan: Mapping[str, Any]) -> None:
+    """Leave the plan's estimate in pytest's ``cache`` (None with ``-p no:cacheprovider``: nothing kept)."""
+    if cache is not None:
+        cache.set(CACHE_KEY, {"key": run_key(cfg), "made": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                              **{k: plan.get(k) for k in ("seconds_expected", "workers", "forward_tokens_predicted")}})
+
+
+def recall(cache: Any, cfg: AuditConfig) -> dict[str, Any]:
+    """The estimate a --kvaudit-plan run left for this same run ({} when none, or for another run)."""
+    got = cache.get(CACHE_KEY, None) if cache is not None else None
+    if not isinstance(got, dict) or got.get("key") != run_key(cfg):
+        return {}
+    return {k: v for k, v in got.items() if k != "key"}

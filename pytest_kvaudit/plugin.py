@@ -157,6 +157,14 @@ def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSessio
 
 
 # -- the report -----------------------------------------------------------------------------------
+def _plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
+    """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
+    from .plan import recall
+
+    est = recall(getattr(sess.pytest_config, "cache", None), sess.config) if plan else {}
+    return {**plan, "estimate": est} if est else plan
+
+
 def _report(sess: KvauditSession) -> dict[str, Any] | None:
     from .errors import KvauditError
     from .report import build, compare, load_baseline
@@ -171,7 +179,7 @@ def _report(sess: KvauditSession) -> dict[str, Any] | None:
         sess.claims,
         info.get("cost", {}),
         analyses=info.get("analyses", {}),
-        plan=info.get("plan", {}),
+        plan=_plan_block(sess, info.get("plan", {})),
         config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
         display=sess.display,
     )

@@ -160,6 +160,9 @@ class KvauditSession:
         except KvauditError as exc:
             self.error = str(exc)
             return
+        from .plan import remember
+
+        remember(getattr(self.pytest_config, "cache", None), self.config, self.plan)  # the run's end compares
         if self.report_path is not None:
             from .report import atomic_write_text, dumps
 

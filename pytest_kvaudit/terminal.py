@@ -86,15 +86,27 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         )
     plan = report.get("plan") or {}
     if cost and plan.get("forward_tokens"):
-        priced = (plan.get("priced_after_run") or {}).get("forward_tokens")
-        line = (f"plan vs actual: forward tokens at most {plan['forward_tokens']} (the plan's bound), ran "
-                f"{cost['forward_tokens']}{'' if priced is None else f', {priced} priced from the lengths the run produced'}")
-        if plan.get("forward_tokens_expected"):  # a calibrated plan (--kvaudit-plan) also has expectations
-            line += (f"; expected {plan['forward_tokens_expected']} tokens "
-                     f"({cost['forward_tokens'] / max(1, plan['forward_tokens_expected']):.2f}x) and "
-                     f"{plan['seconds_expected']:.1f}s ({cost['seconds'] / max(1e-9, plan['seconds_expected']):.2f}x)")
-        out.append(line)
+        out.append(plan_vs_actual(plan, cost))
     return out
+
+
+def plan_vs_actual(plan: Mapping[str, Any], cost: Mapping[str, Any]) -> str:
+    """The run's end: what the plan said against what the run took."""
+    ran = cost["forward_tokens"]
+    line = f"plan vs actual: ran {ran} forward tokens"
+    pred = plan.get("forward_tokens_predicted")
+    if pred is not None:
+        verdict = "exactly as predicted" if pred == ran else f"{ran / max(1, pred):.3f}x the {pred} predicted"
+        line += f", {verdict} from {plan.get('predicted_basis')}"
+    priced = (plan.get("priced_after_run") or {}).get("forward_tokens")
+    line += f"; at most {plan['forward_tokens']} (the plan's bound)"
+    if priced is not None:
+        line += f", {priced} priced from the lengths the run produced"
+    est = plan.get("estimate") or {}  # a --kvaudit-plan run's estimate of this same run, from pytest's cache
+    if est.get("seconds_expected"):
+        line += (f"; --kvaudit-plan estimated {est['seconds_expected']:.0f}s with {est.get('workers', 1)} worker(s), "
+                 f"the computation took {cost['seconds']:.0f}s ({cost['seconds'] / est['seconds_expected']:.2f}x)")
+    return line
 
 
 def _bytes(n: float) -> str:
@@ -112,15 +124,20 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     out = [f"{plan['items']} items ({plan['items_too_long']} too long) x {', '.join(plan['precisions'])}, "
            f"max_new_tokens {plan['max_new_tokens']}, {plan['workers']} worker(s); model {m['layers']} layers, "
            f"{m['kv_heads']} KV heads x {m['head_dim']}, {m['parameters']:,} parameters"]
+    col = "forward_tokens_predicted" if plan.get("forward_tokens_predicted") is not None else "forward_tokens_expected"
     out.append(f"{'precision':<10} {'step':<22} {'cells':>7} {'calls (bound)':>14} {'tokens (bound)':>15} "
-               f"{'tokens (expected)':>18}")
+               f"{'tokens (predicted)':>18}")
     for d, steps in plan["steps"].items():
         for k, a in steps.items():
             out.append(f"{d:<10} {k:<22} {a['cells']:>7} {a['forward_calls']:>14} {a['forward_tokens']:>15} "
-                       f"{a['forward_tokens_expected']:>18}")
-    out.append(f"forward tokens: at most {plan['forward_tokens']:,} in {plan['forward_calls']:,} calls ({plan['bound']}); "
-               f"expected {plan['forward_tokens_expected']:,} in {plan['forward_calls_expected']:,} calls "
-               f"({plan['expected_basis']})")
+                       f"{a.get(col) or 0:>18}")
+    out.append(f"forward tokens: at most {plan['forward_tokens']:,} in {plan['forward_calls']:,} calls ({plan['bound']})")
+    if plan.get("forward_tokens_predicted") is not None:
+        out.append(f"forward tokens predicted: {plan['forward_tokens_predicted']:,} in "
+                   f"{plan['forward_calls_predicted']:,} calls, from {plan['predicted_basis']}")
+    led = plan.get("ledger") or {}
+    if not led.get("usable") and led.get("why"):
+        out.append(f"  (no exact prediction: {led['why']}; a recorded ledger of this model makes one)")
     mem = plan["memory"]
     out.append("peak K/V cache: " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["peak_cache_bytes"].items())
                + f" ({mem['basis']}); weights " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["weights_bytes"].items()))
