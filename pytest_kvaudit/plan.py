@@ -445,6 +445,11 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
 
 
 # -- the plan ----------------------------------------------------------------------------------------
+def at_workers(parts: Sequence[float], workers: int) -> float:
+    """Seconds on ``workers`` workers from (model loads, computation on one worker)."""
+    return round(parts[0] + parts[1] / max(1, workers), 2)
+
+
 def model_shape(model: Any) -> dict[str, int]:
     c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     layers = int(getattr(c, "num_hidden_layers", 0) or getattr(c, "n_layer", 0))
@@ -553,14 +558,19 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
     calls_b, tokens_b = sums(most)
     calls_e, tokens_e = sums(exp)
 
-    def seconds(by: Mapping[str, Mapping[str, list[int]]]) -> float:
-        s = 0.0
+    def parts(by: Mapping[str, Mapping[str, list[int]]]) -> tuple[float, float]:
+        """(model loads, computation on one worker) in seconds: each worker loads every precision's model once,
+        the computation divides over the workers."""
+        load = compute = 0.0
         for d, steps in by.items():
             c = cal["dtypes"].get(d, {})
-            compute = sum(a[1] for a in steps.values()) * c.get("per_call_s", 0.0) + sum(
+            compute += sum(a[1] for a in steps.values()) * c.get("per_call_s", 0.0) + sum(
                 a[2] for a in steps.values()) * c.get("per_token_s", 0.0)
-            s += c.get("load_s", 0.0) + compute / max(1, workers)
-        return round(s, 2)
+            load += c.get("load_s", 0.0)
+        return load, compute
+
+    def seconds(by: Mapping[str, Mapping[str, list[int]]]) -> float:
+        return at_workers(parts(by), workers)
 
     # the prediction: the recorded ledger's lengths where one applies (exact in the environment that recorded
     # it), else the calibration's expectation (--kvaudit-plan), else none (a normal run has only the bound)
@@ -593,6 +603,7 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
         "forward_tokens_predicted": tokens_p, "forward_calls_predicted": calls_p, "predicted_basis": basis,
         "ledger": recorded,
         "seconds_expected": seconds(predicted) if sample and predicted is not None else None,
+        "seconds_parts": parts(predicted) if sample and predicted is not None else None,
         "seconds_bound": seconds(most) if sample else None,
         "memory": memory(shape, max(prompts, default=0) + m, cfg.dtypes, cfg.batch_size),
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
@@ -621,12 +632,15 @@ def remember(cache: Any, cfg: AuditConfig, plan: Mapping[str, Any]) -> None:
     """Leave the plan's estimate in pytest's ``cache`` (None with ``-p no:cacheprovider``: nothing kept)."""
     if cache is not None:
         cache.set(CACHE_KEY, {"key": run_key(cfg), "made": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                              **{k: plan.get(k) for k in ("seconds_expected", "workers", "forward_tokens_predicted")}})
+                              **{k: plan.get(k) for k in ("seconds_parts", "workers", "forward_tokens_predicted")}})
 
 
-def recall(cache: Any, cfg: AuditConfig) -> dict[str, Any]:
-    """The estimate a --kvaudit-plan run left for this same run ({} when none, or for another run)."""
+def recall(cache: Any, cfg: AuditConfig, workers: int) -> dict[str, Any]:
+    """The estimate a --kvaudit-plan run left for this same run, for ``workers`` workers ({} when none, or
+    for another run)."""
     got = cache.get(CACHE_KEY, None) if cache is not None else None
-    if not isinstance(got, dict) or got.get("key") != run_key(cfg):
+    if not isinstance(got, dict) or got.get("key") != run_key(cfg) or not got.get("seconds_parts"):
         return {}
-    return {k: v for k, v in got.items() if k != "key"}
+    return {"made": got.get("made"), "planned_workers": got.get("workers"), "workers": workers,
+            "seconds_expected": at_workers(got["seconds_parts"], workers),
+            "forward_tokens_predicted": got.get("forward_tokens_predicted")}

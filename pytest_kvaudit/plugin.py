@@ -161,7 +161,7 @@ def _plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
     """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
     from .plan import recall
 
-    est = recall(getattr(sess.pytest_config, "cache", None), sess.config) if plan else {}
+    est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
     return {**plan, "estimate": est} if est else plan
 
 

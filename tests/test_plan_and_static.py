@@ -4,11 +4,12 @@ axis (--kvaudit-cache=dynamic,static: replay, bridge and transplant on prealloca
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from test_plugin import setup_suite
+from test_plugin import REPO, setup_suite
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -46,7 +47,8 @@ def test_plan_then_run_with_the_static_cache_axis(pytester: pytest.Pytester, tin
     assert not list(log.iterdir())  # no Store.compute in any process
     planned.assert_outcomes(skipped=5)
     planned.stdout.fnmatch_lines(["*kvaudit plan (nothing computed beyond the calibration)*",
-                                  "*forward tokens: at most*expected*", "*peak K/V cache: bf16*",
+                                  "*forward tokens: at most*", "*forward tokens predicted:*calibration sample*",
+                                  "*no exact prediction: no ledger recorded at*", "*peak K/V cache: bf16*",
                                   "*time on this device: expected*", "bridge_bitexact*decides: yes*"])
     p = json.loads((pytester.path / "plan.json").read_text())["plan"]
     assert p["items"] == 8 and p["precisions"] == ["bf16", "fp32"]
@@ -58,7 +60,7 @@ def test_plan_then_run_with_the_static_cache_axis(pytester: pytest.Pytester, tin
     ran = _run(pytester, tiny_llama, pytester.path / "run.json", "--kvaudit-cache=dynamic,static")
     report = json.loads((pytester.path / "run.json").read_text())
     assert list(log.iterdir())
-    ran.stdout.fnmatch_lines(["plan vs actual: forward tokens at most * (the plan's bound), ran *, * priced from the "
+    ran.stdout.fnmatch_lines(["plan vs actual: ran * forward tokens; at most * (the plan's bound), * priced from the "
                               "lengths the run produced"])
     assert report["plan"]["forward_tokens_expected"] is None  # a normal run calibrates nothing: no extra trajectory
     after, actual = report["plan"], report["cost"]["forward_tokens"]
@@ -77,6 +79,38 @@ def test_plan_then_run_with_the_static_cache_axis(pytester: pytest.Pytester, tin
         assert tp["state_equals_live"] == 8 and tp["suffix_equals_live"] == 8
         assert static[(dtype, "live")]["suffix_equals_dynamic"] == 8
     assert report["claims"]["bridge_bitexact"]["status"] == "pass"
+
+
+def test_a_recorded_ledger_predicts_the_run_exactly(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    """Record a ledger; then --kvaudit-plan predicts the next run's forward tokens from its lengths, the run
+    ends exactly as predicted and compares its time with the plan's estimate (left in pytest's cache); a
+    ledger of another model predicts nothing and says why."""
+    setup_suite(pytester)
+    shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
+    args = (f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "-rs", "--kvaudit-donor-units=2")
+    rec = pytester.runpytest_subprocess(*args, "--snapshot-update")
+    assert rec.ret == 0, rec.stdout.str()
+    planned = pytester.runpytest_subprocess(*args, "--kvaudit-plan")
+    assert planned.ret == 0, planned.stdout.str()
+    planned.stdout.fnmatch_lines(["forward tokens predicted: * calls, from the lengths recorded in the ledger "
+                                  "*test_ledger_audit.json: exact, a run here reproduces them"])
+    report = pytester.path / "run.json"
+    ran = pytester.runpytest_subprocess(*args, f"--kvaudit-report={report}")
+    assert ran.ret == 0, ran.stdout.str()
+    data = json.loads(report.read_text())
+    plan, cost = data["plan"], data["cost"]
+    assert plan["ledger"]["exact"] and plan["forward_tokens_predicted"] == cost["forward_tokens"]
+    assert plan["estimate"]["seconds_expected"] > 0 and plan["estimate"]["workers"] == 1
+    ran.stdout.fnmatch_lines(["plan vs actual: ran * forward tokens, exactly as predicted from the lengths recorded *; "
+                              "--kvaudit-plan estimated *s with 1 worker(s), the computation took *s (*x)"])
+
+    path = pytester.path / "snapshots" / tiny_llama.name / "test_ledger_audit" / "test_ledger_audit.json"
+    doc = json.loads(path.read_text())
+    doc["model"]["weights_digest"] = "sha256:another"
+    path.write_text(json.dumps(doc))
+    other = pytester.runpytest_subprocess(*args, "--kvaudit-plan")
+    other.stdout.fnmatch_lines(["*no exact prediction: the ledger at * was recorded for another model or settings: "
+                                "model.weights_digest recorded 'sha256:another'*"])
 
 
 def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:

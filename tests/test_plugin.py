@@ -295,6 +295,21 @@ def test_figures_are_identical_with_and_without_xdist(pytester: pytest.Pytester,
     assert data["cost"]["forward_tokens"] == baseline_claims["cost"]["forward_tokens"]
 
 
+def test_xdist_spends_the_transplant_budget_as_one_process(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    """With one donor unit, which unit gets the transplants is decided by the units before it, which another
+    worker may still be computing: the workers wait for them, so both runs compute the same thing."""
+    setup_suite(pytester, BREAK + faults(state="noisy_state({'prefill'})"))  # several divergent units
+    reports = []
+    for mode in (["-n", "0"], ["-n", "2"]):
+        res, data = run(pytester, tiny_llama, "test_donor_following.py", "--kvaudit-donor-units=1", *mode)
+        assert res.ret == 0, res.stdout.str()
+        reports.append(data)
+    one, two = reports
+    assert one["claims"]["donor_following"]["n"] == 2  # one unit, both directions
+    assert one["claims"] == two["claims"] and one["analyses"] == two["analyses"]
+    assert one["cost"]["forward_tokens"] == two["cost"]["forward_tokens"]
+
+
 def test_a_crashed_worker_never_turns_into_a_pass(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     # worker gw1 dies on the second item it takes: the cells it computed die with it (work stealing hands
     # out the rest to gw0, which gives up on the lost items' later precisions once gw1 is known dead)
