@@ -1,42 +1,33 @@
 """The plan: what a run will compute, priced before it computes it (``--kvaudit-plan``, and the report's
 ``plan`` block).
 
-A run's work per item and precision follows from its config and three lengths: the prompt ``P``, the
-boundary ``b`` (generated tokens inside the prefix) and the suffix ``S``, with ``b + S <= M`` (the item
-set's ``max_new_tokens``). Every cell step is priced by :func:`work`:
-
-* a trajectory (live, and its replica): ``G = b + S`` calls (prompt in one, then one token each), ``P + G - 1`` tokens;
-* a construction over ``prefix[:-1]`` (``P + b - 1`` ids) in its chunk schedule, then ``S`` decode calls:
-  ``P + b - 1 + S`` tokens (``<= P + M - 1``, whatever the boundary);
-* the 2x2's two cells on the first precision's prefix, the transplants on divergent items (``S`` each),
-  the probes (batch invariance: one call of ``batch_size`` rows; attention and cache axes: their own trajectory
-  and constructions).
-
-Before a run ``b``, ``S``, eligibility and divergence are unknown. :func:`make_plan` gives two figures:
+The work is priced from lengths by :mod:`.pricing`. Before a run the lengths are unknown, and
+:func:`make_plan` gives these figures:
 
 * ``forward_tokens`` / ``forward_calls``: an **upper bound**: every item eligible at every precision with the
   whole budget generated (``G = M``; the token count of a construction does not depend on ``b``), every item
   divergent up to ``--kvaudit-donor-units`` with the layer sweep and both controls;
 * ``forward_tokens_expected``: the same model on the lengths, eligibility and divergence (prefill suffix vs
-  live) of a calibration sample (the first :data:`SAMPLE` items at each precision), scaled to the item count.
+  live) of a calibration sample (the first :data:`SAMPLE` items at each precision), scaled to the item count;
+* ``forward_tokens_predicted``: the lengths of the model's recorded ledger where there is one for this
+  model and these settings (exact in the environment that recorded it), else the expectation.
 
 The calibration also times forwards at each precision (a per-call and a per-token cost, fitted from the
 sample's prompt forward and its one-token decode steps) and the model load; the time estimate is
 ``load + calls x per_call + tokens x per_token`` per precision, the compute divided over the workers.
-After a run, :func:`price` applies the same model to the lengths the records show, which must equal the
-forward tokens the run counted, token for token (the plan's model of the work is exact; only the lengths
-were unknown). No pytest here; torch is imported inside the calibration.
+``--kvaudit-plan`` leaves the estimate in pytest's cache (:func:`remember`) and the next run of the same
+settings reports it beside what it took (:func:`recall`). No pytest here; torch is imported inside the
+calibration.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .schedules import schedule
+from .pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
     from .config import AuditConfig
@@ -50,93 +41,6 @@ CACHES_ALIVE = 4
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 BOUND_WORDS = ("upper bound: every item eligible at every precision, every trajectory generating max_new_tokens, "
                "every item divergent (transplants, layer sweep and controls) up to the donor units")
-
-
-@dataclass(frozen=True)
-class Lengths:
-    """One item's lengths at one precision: prompt, boundary, suffix; whether it is eligible and divergent."""
-
-    prompt: int
-    boundary: int
-    suffix: int
-    eligible: bool = True
-    divergent: bool = False
-    generated: int | None = None  # an ineligible trajectory's generation (default boundary + suffix)
-
-    @property
-    def gen(self) -> int:
-        return self.generated if self.generated is not None else self.boundary + self.suffix
-
-
-def add(acc: dict[str, list[int]], key: str, calls: int, tokens: int) -> None:
-    a = acc.setdefault(key, [0, 0, 0])  # cells, calls, tokens
-    a[0] += 1
-    a[1] += calls
-    a[2] += tokens
-
-
-def _construction(acc: dict[str, list[int]], key: str, name: str, prompt: int, head: int, suffix: int) -> None:
-    """A boundary state over ``head`` ids in ``name``'s schedule, then ``suffix`` decode steps."""
-    calls = len(schedule(name, prompt, head)) if head >= 1 else 0
-    add(acc, key, calls + suffix, head + suffix)
-
-
-def _trajectory(acc: dict[str, list[int]], key: str, prompt: int, gen: int) -> None:
-    add(acc, key, max(gen, 1), prompt + max(gen - 1, 0))
-
-
-def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, sweep: bool, n_layers: int,
-         batch_width: int | None = None) -> dict[str, list[int]]:
-    """``{step: [cells, calls, tokens]}`` for one item at one precision; ``primary`` is the first precision's
-    lengths (its prefix fixes the 2x2's ids), ``donor``/``sweep`` whether this unit gets transplants (it is
-    divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width."""
-    acc: dict[str, list[int]] = {}
-    _trajectory(acc, "live", x.prompt, x.gen)
-    if primary is not None and primary.eligible:
-        # the 2x2's own cells on the first precision's prefix (also where this precision is ineligible)
-        head = primary.prompt + primary.boundary - 1
-        s = x.suffix if x.eligible else primary.suffix
-        _construction(acc, "fixed_prefix_2x2", "incremental", x.prompt, head, s)
-        _construction(acc, "fixed_prefix_2x2", "prefill", x.prompt, head, s)
-    if not x.eligible:
-        return acc
-    head = x.prompt + x.boundary - 1
-    _trajectory(acc, "live:replica", x.prompt, x.gen)
-    for name in ("prefill", "prefill:replica", "incremental", *(f"chunked({c})" for c in cfg.chunks)):
-        _construction(acc, name, name.split(":")[0], x.prompt, head, x.suffix)
-    if donor:
-        for _ in range(transplants_per_unit(sweep, n_layers)):
-            add(acc, "transplants", x.suffix, x.suffix)
-    if batch_width is not None:
-        add(acc, "batch_invariance", 1, cfg.batch_size * max(batch_width, head))
-    for attn in cfg.attn_axes:
-        _trajectory(acc, f"axis:{attn}", x.prompt, x.gen)
-        _construction(acc, f"axis:{attn}", "prefill", x.prompt, head, x.suffix)
-    for kind in cfg.cache_axes:
-        _trajectory(acc, f"cache:{kind}", x.prompt, x.gen)
-        for name in ("prefill", "incremental"):
-            _construction(acc, f"cache:{kind}", name, x.prompt, head, x.suffix)
-        add(acc, f"cache:{kind}", x.suffix, x.suffix)  # the transplant's continuation
-    return acc
-
-
-def transplants_per_unit(sweep: bool, n_layers: int) -> int:
-    """Continuations on one divergent unit: all layers both ways (and the sweep's subsets both ways), two
-    shams, and (at most) two transplants of the identical layers."""
-    from .cells import sweep_subsets
-
-    return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2
-
-
-def total(parts: Iterable[Mapping[str, list[int]]]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for p in parts:
-        for k, (cells, calls, tokens) in p.items():
-            a = out.setdefault(k, [0, 0, 0])
-            a[0] += cells
-            a[1] += calls
-            a[2] += tokens
-    return out
 
 
 def bound(prompts: Sequence[int], cfg: AuditConfig, max_new: int, n_layers: int) -> dict[str, dict[str, list[int]]]:
@@ -195,178 +99,6 @@ def sums(by: Mapping[str, Mapping[str, list[int]]]) -> tuple[int, int]:
     calls = sum(a[1] for steps in by.values() for a in steps.values())
     tokens = sum(a[2] for steps in by.values() for a in steps.values())
     return calls, tokens
-
-
-# -- the same model on known lengths: a run's records, or a recorded ledger ---------------------------
-@dataclass(frozen=True)
-class Unit:
-    """What pricing needs of one (item, precision), known after it ran (its records) or from a ledger that
-    recorded it: the lengths of every trajectory and continuation, and the forward tokens of its probes."""
-
-    prompt: int
-    generated: int
-    fixed: tuple[int, tuple[int, ...]] | None = None  # the 2x2's head (ids before the last) and its two suffixes
-    head: int | None = None  # eligible: ids before the prefix's last
-    replica: int = 0  # the replica trajectory's generated tokens
-    continuations: tuple[tuple[str, int], ...] = ()  # (construction, suffix length), live and its replica apart
-    transplant_tokens: int = 0  # every transplant continuation (one token a call)
-    probe_tokens: int = 0
-
-
-def unit_of_record(r: Any) -> Unit | None:
-    """A computed record's lengths (None for an item that ran no forward)."""
-    if r.error or not r.generated:
-        return None
-    fixed = None
-    if r.fixed:
-        fixed = ((r.fixed_prefix_len or 0) - 1, (len(r.fixed["replay"].suffix), len(r.fixed["prefill"].suffix)))
-    head = replica = 0
-    conts: tuple[tuple[str, int], ...] = ()
-    if r.eligible:
-        head = len(r.prefix) - 1
-        rep = r.constructions["live:replica"]
-        replica = r.boundary + len(rep.suffix) if rep.logits_fp else len(rep.suffix)
-        conts = tuple((k, len(c.suffix)) for k, c in r.constructions.items() if k not in ("live", "live:replica"))
-    probes = r.probes
-    tokens = sum(int(o.get("tokens", 0)) for o in [*probes.axes.values(), *probes.cache.values(), probes.batch] if o)
-    return Unit(len(r.prompt_ids), len(r.generated), fixed, head if r.eligible else None, replica, conts,
-                sum(len(t.suffix) for t in r.transplants), tokens)
-
-
-def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
-    """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them)."""
-    acc: dict[str, list[int]] = {}
-    for u in units:
-        _trajectory(acc, "live", u.prompt, u.generated)
-        if u.fixed is not None:
-            head, suffixes = u.fixed
-            for name, s in zip(("incremental", "prefill"), suffixes):
-                _construction(acc, "fixed_prefix_2x2", name, u.prompt, head, s)
-        if u.head is not None:
-            _trajectory(acc, "live:replica", u.prompt, u.replica)
-            for name, s in u.continuations:
-                _construction(acc, name, name.split(":")[0], u.prompt, u.head, s)
-            if u.transplant_tokens:
-                add(acc, "transplants", u.transplant_tokens, u.transplant_tokens)
-        if u.probe_tokens:
-            add(acc, "probes", 0, u.probe_tokens)
-    return acc
-
-
-def price(records: Iterable[Any], cfg: AuditConfig | None = None) -> dict[str, int]:
-    """Forward calls and tokens of a run, priced from its records' lengths with the plan's model: equal to
-    what the decoder counted when the model of the work is exact."""
-    acc = price_units(u for u in map(unit_of_record, records) if u is not None)
-    return {"forward_tokens": sum(a[2] for a in acc.values()),
-            "forward_calls_cells": sum(a[1] for k, a in acc.items() if k != "probes")}
-
-
-def _ids_len(text: Any) -> int:
-    return len(str(text).split()) if text else 0
-
-
-def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: AuditConfig,
-                    n_layers: int) -> tuple[dict[tuple[str, str], Unit], int]:
-    """The units a recorded ledger prices, for the items in ``prompts`` (id -> prompt length, in item order):
-    a run that reproduces the ledger's trajectories has these lengths. Also returns how many transplant units
-    were priced by the plan's model rather than as recorded (a ledger written before ``transplant_tokens``:
-    each continuation at the donor's suffix length). The probes are not in a ledger."""
-    out: dict[tuple[str, str], Unit] = {}
-    recorded = doc.get("units", {})
-    dtypes = list(cfg.dtypes)
-    guessed = spent = 0
-    fixed_head: dict[str, int] = {}
-    for item, p in prompts.items():
-        first = recorded.get(f"{item}@{dtypes[0]}") if dtypes else None
-        if first is not None and first.get("reason") is None and first.get("boundary") is not None:
-            fixed_head[item] = p + int(first["boundary"]) - 1
-    for d in dtypes:  # a single run's order: the sweep goes to the first transplant units
-        for item, p in prompts.items():
-            u = recorded.get(f"{item}@{d}")
-            if u is None or not u.get("generated"):
-                continue
-            fixed = None
-            if u.get("fixed") and item in fixed_head:
-                fixed = (fixed_head[item], (_ids_len(u["fixed"]["replay"]["suffix"]),
-                                            _ids_len(u["fixed"]["prefill"]["suffix"])))
-            head, replica, transplant = None, 0, 0
-            conts: tuple[tuple[str, int], ...] = ()
-            cs = u.get("constructions") or {}
-            if u.get("reason") is None and cs:
-                b = int(u["boundary"])
-                head = p + b - 1
-                rep = cs["live:replica"]
-                replica = b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])
-                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items()) if k not in ("live", "live:replica"))
-                if "transplant_tokens" in u:
-                    transplant = int(u["transplant_tokens"])
-                elif u.get("transplants"):
-                    guessed += 1
-                    transplant = transplants_per_unit(spent < cfg.sweep_units, n_layers) * _ids_len(cs["live"]["suffix"])
-                spent += bool(u.get("transplants"))
-            out[(item, d)] = Unit(p, _ids_len(u["generated"]), fixed, head, replica, conts, transplant)
-    return out, guessed
-
-
-def batch_probe_tokens(head: int, index: int, prompts: Sequence[int | None], cfg: AuditConfig) -> int:
-    """The batch-invariance probe's tokens for the item at ``index`` of the item set: its boundary head and the
-    next ``batch_size - 1`` items' prompts (None: too long to run), left-padded to one width (:mod:`.probes`)."""
-    if index >= cfg.batch_units or cfg.batch_size < 2:
-        return 0
-    others = [p for j in range(1, cfg.batch_size) if (p := prompts[(index + j) % len(prompts)]) is not None]
-    return 0 if not others else (1 + len(others)) * max(head, *others)
-
-
-def ledger_prediction(cfg: AuditConfig, identity: Mapping[str, Any], env: Mapping[str, Any],
-                      prompts: Mapping[str, int | None], n_layers: int) -> dict[str, Any]:
-    """The run priced on the lengths of its recorded ledger (:func:`pytest_kvaudit.ledger.default_path`), when
-    one was recorded for this model and these settings. In the environment that recorded it a run
-    reproduces every trajectory bit for bit (what ``ledger_audit`` asserts), so the price is the run's
-    forward tokens exactly; ``usable`` says whether it applies and ``why`` when not."""
-    from . import ledger as L
-    from .errors import KvauditError
-
-    path = L.default_path(cfg.snapshots, cfg.model)
-    out: dict[str, Any] = {"path": str(path), "usable": False}
-    if not path.is_file():
-        return out | {"why": f"no ledger recorded at {path}"}
-    try:
-        doc = L.read(path)
-    except KvauditError as exc:
-        return out | {"why": str(exc)}
-    current = {"model": dict(identity), "environment": dict(env),
-               "config": {"boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
-                          "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes)}}
-    diffs = L.identity_differences(doc, current, tokens_only=True)
-    if diffs:
-        return out | {"why": f"the ledger at {path} was recorded for another model or settings: {'; '.join(diffs)}"}
-    order = [i for i, p in prompts.items() if p is not None]
-    units, guessed = units_of_ledger(doc, {i: int(prompts[i] or 0) for i in order}, cfg, n_layers)
-    lengths = list(prompts.values())
-    index = {i: k for k, i in enumerate(prompts)}
-    steps: dict[str, dict[str, list[int]]] = {}
-    for d in cfg.dtypes:
-        mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
-        probed = [Unit(u.prompt, 0, probe_tokens=batch_probe_tokens(u.head, index[i], lengths, cfg))
-                  for i, u in mine if u.head is not None]
-        acc = price_units([u for _, u in mine])
-        batch = price_units(probed).get("probes")
-        if batch:
-            acc["batch_invariance"] = [batch[0], batch[0], batch[2]]
-        for _, u in mine:  # the axes run their own trajectories: priced on this precision's lengths
-            if u.head is not None and (cfg.attn_axes or cfg.cache_axes):
-                x = Lengths(u.prompt, u.head - u.prompt + 1, dict(u.continuations).get("prefill", 0))
-                extra = work(x, cfg.replace(chunks=()), None, False, False, n_layers)
-                for k, a in extra.items():
-                    if k.startswith(("axis:", "cache:")):
-                        acc[k] = [v + w for v, w in zip(acc.get(k, [0, 0, 0]), a)]
-        steps[d] = acc
-    missing = [i for i in order if any((i, d) not in units for d in cfg.dtypes)]
-    env_diffs = [x for x in L.identity_differences(doc, current, tokens_only=False) if x.startswith("environment.")]
-    exact = not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
-    return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
-                  "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
-                  "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
 
 
 # -- calibration: a few real forwards at each precision -----------------------------------------------

@@ -317,7 +317,7 @@ def uses_store(item: pytest.Item) -> bool:
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller)."""
     from .analyses import build as analyses
-    from .plan import price
+    from .pricing import price
     from .report import items_block
 
     return {
