@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every benchmark with its CPU defaults (1 torch thread, small sizes): under 10 minutes on 2 cores.
+# Run every benchmark with its CPU defaults (1 torch thread, small sizes): about 15 minutes on 2 idle cores.
 #
 #   bash benchmarks/run_all.sh                 # print the tables
 #   OUT_DIR=/tmp/kvaudit-bench bash benchmarks/run_all.sh   # also write one JSON per benchmark there

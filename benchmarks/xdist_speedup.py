@@ -34,7 +34,7 @@ def run(workers: int, n: int, out: Path, device: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=60, help="items of the embedded set")
+    ap.add_argument("--n", type=int, default=200, help="items of the embedded set (all 200 by default)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
