@@ -77,41 +77,24 @@ class KvauditSession:
         return self.store
 
     def export(self, store: Store) -> dict[str, Any]:
-        """A store's export with what a merge compares across runners: the item set and the plan."""
-        from .partials import item_set_info, plan_of
+        from .shares import export
 
-        return {**store.export(), "item_set": item_set_info(store.item_set, item_set_name(store)),
-                "plan": plan_of(store.cfg)}
+        return export(store, item_set_name(store))
 
     def _write_partial(self, exports: list[dict[str, Any]]) -> Path:
-        from .partials import write
+        from .shares import write_partial
 
         assert self.share is not None and self.partials is not None
-        try:
-            return write(self.partials, *self.share, exports)
-        except OSError as exc:
-            raise KvauditError(f"--kvaudit-partials={self.partials}: cannot write the partial ({exc})") from None
+        return write_partial(self.partials, self.share, exports)
 
     def finish_share(self, shard_dir: Path | None, workers: int) -> str:
         """On the process that owns the run (not an xdist worker): the partial, written from the xdist workers'
         shards when there are any; returns the summary line, starting with "FAILED" when nothing was written."""
-        assert self.share is not None
-        i, n = self.share
-        if shard_dir is not None and self.written is None:
-            from .xdist_glue import collect_shards
+        from .shares import finish_share
 
-            got = collect_shards(shard_dir, workers, timeout=0)
-            if got["error"] or got["dead"] or len(got["exports"]) != workers:
-                why = got["error"] or (f"worker(s) {', '.join(f'gw{w}' for w in got['dead'])} computed nothing or died"
-                                       if len(got["exports"]) else "no kvaudit test ran")
-                return f"FAILED: shard {i}/{n} not recorded: {why}"
-            try:
-                self.written = self._write_partial(got["exports"])
-            except KvauditError as exc:
-                return f"FAILED: shard {i}/{n} not recorded: {exc}"
-        if self.written is None:
-            return f"FAILED: shard {i}/{n} not recorded: {self.error or 'no kvaudit test ran'}"
-        return f"shard {i}/{n} recorded to {self.written}: judge all {n} with --kvaudit-merge={self.partials}"
+        assert self.share is not None and self.partials is not None
+        line, self.written = finish_share(self.share, self.partials, self.written, self.error, shard_dir, workers)
+        return line
 
     def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
         import torch
@@ -201,33 +184,16 @@ class KvauditSession:
                 self.error = str(exc)
 
     def _merge_shards(self) -> Store:
-        from .store import Store
-        from .xdist_glue import collect_shards
+        from .shares import merge_shards
 
         assert self.shard is not None
-        _, count, folder = self.shard
-        got = collect_shards(folder, count)
-        if got["error"]:
-            raise KvauditError(got["error"])
-        cfg, item_set = Store.resolve(self.config)
-        return Store.merged(cfg, item_set, got["exports"])
+        return merge_shards(self.config, self.shard[1], self.shard[2])
 
     def _merge_partials(self) -> Store:
-        """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
-        The run's config becomes the shares' plan, so thresholds, analyses and the report see what a single run
-        would have seen."""
-        from . import partials
-        from .store import Store
+        from .shares import merge_partials
 
         assert self.merge is not None
-        parts = partials.load(self.merge)
-        partials.check(parts, self.merge)
-        head = parts[0][1]
-        self.config = partials.config(head, self.config)
-        store = Store.merged(self.config, partials.item_set(head), partials.exports(parts))
-        if store.missing:
-            raise KvauditError(f"kvaudit merge: the partials in {self.merge} lack {len(store.missing)} items of the set "
-                               f"(first {store.missing[0]!r}): re-run the share that should hold it")
+        self.config, store = merge_partials(self.config, self.merge)
         return store
 
     @pytest.hookimpl

@@ -1,0 +1,81 @@
+"""One run over many processes: the xdist workers' shards and the runners' partials (``--kvaudit-shard``,
+``--kvaudit-merge``), written and merged into the store of one run over all items. No pytest here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import KvauditError
+
+if TYPE_CHECKING:
+    from .config import AuditConfig
+    from .store import Store
+
+
+def export(store: Store, set_name: str) -> dict[str, Any]:
+    """A store's export with what a merge compares across runners: the item set and the plan."""
+    from .partials import item_set_info, plan_of
+
+    return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": plan_of(store.cfg)}
+
+
+def write_partial(folder: Path, share: tuple[int, int], exports: list[dict[str, Any]]) -> Path:
+    from .partials import write
+
+    try:
+        return write(folder, *share, exports)
+    except OSError as exc:
+        raise KvauditError(f"--kvaudit-partials={folder}: cannot write the partial ({exc})") from None
+
+
+def finish_share(share: tuple[int, int], folder: Path, written: Path | None, error: str | None,
+                 shard_dir: Path | None, workers: int) -> tuple[str, Path | None]:
+    """A runner's share at the end of its run: (the summary line, starting with "FAILED" when nothing was
+    written; the partial written). Under xdist the partial is written here from the workers' shards."""
+    i, n = share
+    if shard_dir is not None and written is None:
+        from .xdist_glue import collect_shards
+
+        got = collect_shards(shard_dir, workers, timeout=0)
+        if got["error"] or got["dead"] or len(got["exports"]) != workers:
+            why = got["error"] or (f"worker(s) {', '.join(f'gw{w}' for w in got['dead'])} computed nothing or died"
+                                   if len(got["exports"]) else "no kvaudit test ran")
+            return f"FAILED: shard {i}/{n} not recorded: {why}", None
+        try:
+            written = write_partial(folder, share, got["exports"])
+        except KvauditError as exc:
+            return f"FAILED: shard {i}/{n} not recorded: {exc}", None
+    if written is None:
+        return f"FAILED: shard {i}/{n} not recorded: {error or 'no kvaudit test ran'}", None
+    return f"shard {i}/{n} recorded to {written}: judge all {n} with --kvaudit-merge={folder}", written
+
+
+def merge_shards(cfg: AuditConfig, count: int, folder: Path) -> Store:
+    """The store of this run from every xdist worker's shard (waiting for them)."""
+    from .store import Store
+    from .xdist_glue import collect_shards
+
+    got = collect_shards(folder, count)
+    if got["error"]:
+        raise KvauditError(got["error"])
+    cfg, item_set = Store.resolve(cfg)
+    return Store.merged(cfg, item_set, got["exports"])
+
+
+def merge_partials(cfg: AuditConfig, folder: Path) -> tuple[AuditConfig, Store]:
+    """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
+    The run's config becomes the shares' plan (returned), so thresholds, analyses and the report see what a
+    single run would have seen."""
+    from . import partials
+    from .store import Store
+
+    parts = partials.load(folder)
+    partials.check(parts, folder)
+    head = parts[0][1]
+    cfg = partials.config(head, cfg)
+    store = Store.merged(cfg, partials.item_set(head), partials.exports(parts))
+    if store.missing:
+        raise KvauditError(f"kvaudit merge: the partials in {folder} lack {len(store.missing)} items of the set "
+                           f"(first {store.missing[0]!r}): re-run the share that should hold it")
+    return cfg, store
