@@ -96,8 +96,9 @@ def plan_vs_actual(plan: Mapping[str, Any], cost: Mapping[str, Any]) -> str:
     line = f"plan vs actual: ran {ran} forward tokens"
     pred = plan.get("forward_tokens_predicted")
     if pred is not None:
-        verdict = "exactly as predicted" if pred == ran else f"{ran / max(1, pred):.3f}x the {pred} predicted"
-        line += f", {verdict} from {plan.get('predicted_basis')}"
+        led = plan.get("ledger") or {}
+        src = f"the ledger {_near(str(led['path']))}" if led.get("usable") else "the calibration sample"
+        line += f", predicted {pred} from {src} ({'exact' if pred == ran else f'{ran / max(1, pred):.3f}x'})"
     priced = (plan.get("priced_after_run") or {}).get("forward_tokens")
     line += f"; at most {plan['forward_tokens']} (the plan's bound)"
     if priced is not None:
@@ -107,6 +108,12 @@ def plan_vs_actual(plan: Mapping[str, Any], cost: Mapping[str, Any]) -> str:
         line += (f"; --kvaudit-plan estimated {est['seconds_expected']:.0f}s with {est.get('workers', 1)} worker(s), "
                  f"the computation took {cost['seconds']:.0f}s ({cost['seconds'] / est['seconds_expected']:.2f}x)")
     return line
+
+
+def _near(path: str) -> str:
+    """A path relative to the current folder when it lies under it (shorter lines), else as given."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def _bytes(n: float) -> str:
