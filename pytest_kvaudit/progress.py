@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+#: the share of the work done before a time left is printed
+EARLIEST = 0.05
+
 
 @dataclass
 class Tally:
@@ -40,8 +43,10 @@ class Tally:
         per = ", ".join(f"{d} {self.done.get(d, 0)}/{self.items}" for d in self.dtypes)
         rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
         f = self.fraction
-        left = self.seconds * (1 - f) / f if f > 0 else 0.0
-        return f"kvaudit: items done {per}; {rate:,.0f} tokens/s; ~{left:.0f}s left"
+        # the first cells carry the model load and one-time kernel set-up: a time left drawn from them alone
+        # reads ten times too long, so it waits for a few percent of the work
+        left = f"~{self.seconds * (1 - f) / f:.0f}s left" if f >= EARLIEST or f == 1 else "time left after a few more items"
+        return f"kvaudit: items done {per}; {rate:,.0f} tokens/s; {left}"
 
     @classmethod
     def total(cls, tallies: list[Tally]) -> Tally:

@@ -14,10 +14,12 @@ if TYPE_CHECKING:
 
 
 def export(store: Store, set_name: str) -> dict[str, Any]:
-    """A store's export with what a merge compares across runners: the item set and the plan."""
+    """A store's export with what a merge compares across runners: the item set and the options that decide
+    the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
     from .partials import item_set_info, plan_of
 
-    return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": plan_of(store.cfg)}
+    return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": plan_of(store.cfg),
+            "run_plan": store.plan}
 
 
 def write_partial(folder: Path, share: tuple[int, int], exports: list[dict[str, Any]]) -> Path:

@@ -98,7 +98,7 @@ class Store:
             s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
             for k, v in e.get("stages", {}).items():
                 s.stages[k] = max(s.stages.get(k, 0.0), v)
-            s.plan = s.plan or e.get("plan", {})
+            s.plan = s.plan or e.get("run_plan" if "run_plan" in e else "plan") or {}  # a runner's: its options
             s.identity = s.identity or e["identity"]
             s.environment = s.environment or e["environment"]
         # an item is there at every precision or missing: a worker that died takes the cells it computed along,

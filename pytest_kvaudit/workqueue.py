@@ -21,7 +21,6 @@ Plain files, no pytest, no torch.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import time
 from pathlib import Path
@@ -49,6 +48,8 @@ class WorkQueue:
 
     def take(self, phase: int) -> int | None:
         """The next untaken item index of ``phase`` (a precision), or None when every one is taken."""
+        import fcntl  # POSIX: xdist work sharing needs it; a plain run never imports it
+
         counter = self.folder / f"queue-{phase}"
         with open(self.folder / "queue.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

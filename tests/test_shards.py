@@ -104,6 +104,10 @@ def test_the_merge_judges_like_one_run(runs: Runs) -> None:
     assert merged["environment"] == env
     assert "loading" not in res.stdout  # nothing computed: the merge never reports a model load
     assert merged["cost"]["forward_tokens"] > 0  # the shares' work, added up
+    # the plan block is the run's plan over the whole item set (not the options the shares compare)
+    plan = merged["plan"]
+    assert plan["forward_tokens"] == single["plan"]["forward_tokens"] and plan["items"] == single["plan"]["items"]
+    assert plan["priced_after_run"]["forward_tokens"] == merged["cost"]["forward_tokens"]
 
 
 def refusal(res: subprocess.CompletedProcess[str], *words: str) -> str:
