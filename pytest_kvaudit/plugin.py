@@ -14,6 +14,7 @@ import pytest
 
 from . import options as opt
 from .config import SUITES_DIR, AuditConfig
+from .run_report import run_report
 from .session import KvauditSession
 
 if TYPE_CHECKING:
@@ -157,40 +158,6 @@ def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSessio
 
 
 # -- the report -----------------------------------------------------------------------------------
-def _plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
-    """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
-    from .plan import recall
-
-    est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
-    return {**plan, "estimate": est} if est else plan
-
-
-def _report(sess: KvauditSession) -> dict[str, Any] | None:
-    from .errors import KvauditError
-    from .report import build, compare, load_baseline
-
-    if not sess.claims:
-        return None
-    info = sess.run_info or {}
-    rep = build(
-        info.get("model", {}),
-        info.get("environment", {}),
-        info.get("items", {"total": 0, "eligible": 0, "ineligible": {}}),
-        sess.claims,
-        info.get("cost", {}),
-        analyses=info.get("analyses", {}),
-        plan=_plan_block(sess, info.get("plan", {})),
-        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
-        display=sess.display,
-    )
-    if sess.baseline:
-        try:
-            rep["baseline"] = {"path": sess.baseline, **compare(load_baseline(Path(sess.baseline)), rep)}
-        except KvauditError as exc:
-            rep["baseline"] = {"path": sess.baseline, "error": str(exc), "changes": []}
-    return rep
-
-
 @pytest.hookimpl
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
@@ -207,7 +174,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if sess.share_line is not None:
         bad = sess.share_line.startswith("FAILED")
         terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
-    rep = _report(sess)
+    rep = sess.report if sess.report is not None else run_report(sess)
     if rep is None:
         if sess.error:
             terminalreporter.write_sep("=", "kvaudit")
@@ -241,7 +208,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sess.share_line = sess.finish_share(ctl.dir if ctl else None, ctl.workers if ctl else 0)
         if sess.share_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    rep = _report(sess)
+    rep = sess.report = run_report(sess)
     if rep is None:
         return
     from .ledger import slug

@@ -50,6 +50,7 @@ class KvauditSession:
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
     plan_only: bool = False  # --kvaudit-plan: price the run, compute nothing beyond the calibration
     plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
+    report: dict[str, Any] | None = None  # the run's report, once built at the session's end
     collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
 
     # -- the store -----------------------------------------------------------------------------

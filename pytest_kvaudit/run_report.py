@@ -1,0 +1,46 @@
+"""The run's JSON report, built from what the session gathered: the claims' verdicts (from every worker),
+the store's run information, the plan with the estimate a ``--kvaudit-plan`` run left for this same run,
+and the comparison with a baseline. Built once, at the session's end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .session import KvauditSession
+
+
+def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
+    """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
+    from .plan import recall
+
+    est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
+    return {**plan, "estimate": est} if est else plan
+
+
+def run_report(sess: KvauditSession) -> dict[str, Any] | None:
+    """The report, or None when no claim was judged."""
+    from .errors import KvauditError
+    from .report import build, compare, load_baseline
+
+    if not sess.claims:
+        return None
+    info = sess.run_info or {}
+    rep = build(
+        info.get("model", {}),
+        info.get("environment", {}),
+        info.get("items", {"total": 0, "eligible": 0, "ineligible": {}}),
+        sess.claims,
+        info.get("cost", {}),
+        analyses=info.get("analyses", {}),
+        plan=plan_block(sess, info.get("plan", {})),
+        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
+        display=sess.display,
+    )
+    if sess.baseline:
+        try:
+            rep["baseline"] = {"path": sess.baseline, **compare(load_baseline(Path(sess.baseline)), rep)}
+        except KvauditError as exc:
+            rep["baseline"] = {"path": sess.baseline, "error": str(exc), "changes": []}
+    return rep
