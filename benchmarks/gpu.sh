@@ -53,6 +53,9 @@ step work_efficiency "$PY" benchmarks/work_efficiency.py --device "$DEVICE" --mo
 # shellcheck disable=SC2046
 step growth "$PY" benchmarks/growth.py --device "$DEVICE" --model "$CKPT" --items 4,8,16 --dtypes fp32 \
   --suffix-model "$CKPT" --suffix-items 4 --suffix-repeats 1 --sweep-units 0 $(out growth)
+# shellcheck disable=SC2046
+step workers_per_gpu "$PY" benchmarks/workers_per_gpu.py --device "$DEVICE" --model "$CKPT" --n 16 \
+  --workers 1,2,4 $(out workers_per_gpu)
 
 echo "=================== wall time ==================="
 printf '%s\n' "${summary[@]}"
