@@ -33,6 +33,8 @@ class Tally:
     done: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
     seconds: float = 0.0
+    #: the store is done; under xdist a worker's share of a shared queue is not known before its end
+    finished: bool = False
 
     @property
     def fraction(self) -> float:
@@ -56,6 +58,7 @@ class Tally:
                 t.done[d] = t.done.get(d, 0) + n
             t.tokens += x.tokens
         t.seconds = max(x.seconds for x in tallies)
+        t.finished = all(x.finished for x in tallies)
         return t
 
 
@@ -105,7 +108,7 @@ def shard_writer(folder: Path, index: int) -> Progress:
 
     def write(t: Tally) -> None:
         now = time.monotonic()
-        if t.fraction < 1.0 and now - last[0] < 0.5:
+        if not t.finished and t.fraction < 1.0 and now - last[0] < 0.5:
             return
         last[0] = now
         atomic_write_text(folder / f"progress-{index}.json", json.dumps(asdict(t)))

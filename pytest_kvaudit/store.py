@@ -200,6 +200,9 @@ class Store:
         self.cost.seconds = round(time.perf_counter() - t0, 3)
         self.cost.minimal_forward_tokens = self.minimal_tokens()
         self.computed = True
+        if progress is not None:  # the last word, never throttled: a queue worker cannot count to its end
+            tally.finished, tally.seconds = True, self.cost.seconds
+            progress(tally)
 
     def _taken(self, phase: int, queue: WorkQueue | None) -> Iterator[tuple[int, Item]]:
         """(index, item) in item order: all of this store's items, or those this worker takes from the queue."""

@@ -3,7 +3,10 @@ set-up are a small part of the time spent, the time left."""
 
 from __future__ import annotations
 
-from pytest_kvaudit.progress import Tally
+import json
+from pathlib import Path
+
+from pytest_kvaudit.progress import Tally, shard_writer
 
 
 def test_no_time_left_is_guessed_from_the_first_items() -> None:
@@ -23,3 +26,16 @@ def test_totals_add_the_workers_up() -> None:
     b = Tally(["bf16"], 2, {"bf16": 1}, tokens=6, seconds=3.0)
     t = Tally.total([a, b])
     assert t.items == 5 and t.done == {"bf16": 3} and t.tokens == 16
+
+
+def test_a_workers_last_tally_is_written_however_soon_it_comes(tmp_path: Path) -> None:
+    # a worker taking items from a shared queue may stop short of its nominal share: its end is the word
+    write = shard_writer(tmp_path, 0)
+    t = Tally(["bf16"], 4, {"bf16": 1}, tokens=10, seconds=1.0)
+    write(t)
+    t.done["bf16"] = 3
+    write(t)  # throttled: within half a second of the last
+    assert json.loads((tmp_path / "progress-0.json").read_text())["done"] == {"bf16": 1}
+    t.finished = True
+    write(t)
+    assert json.loads((tmp_path / "progress-0.json").read_text())["done"] == {"bf16": 3}
