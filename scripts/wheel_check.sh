@@ -20,6 +20,8 @@ echo "== pytest --kvaudit-model=embedded -n 2 --kvaudit-n=24 (from an empty dire
 "$py" -m pytest --kvaudit-model=embedded -n 2 --kvaudit-n=24 --kvaudit-report=report.json -p no:cacheprovider \
   | tee run.txt
 grep -q "kvaudit: items done bf16 24/24, fp32 24/24" run.txt
+# the plan prices the run on the ledger the wheel ships (exact where the environment matches the recording)
+grep -q "plan vs actual: ran [0-9]* forward tokens, predicted [0-9]* from the ledger .*embedded_snapshots" run.txt
 "$py" - <<'PY'
 import json
 r = json.load(open("report.json"))
