@@ -72,7 +72,7 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
     if whole and with_transplants:
         u["transplants"] = {f"{t.direction}/all/kv": {"suffix": ids(t.suffix), "followed": t.followed} for t in whole}
         # every transplant continuation's tokens (the sweep's and the controls' too): what a plan needs to price
-        # a re-run exactly (:func:`pytest_kvaudit.plan.units_of_ledger`); cost bookkeeping, not audited
+        # a re-run exactly (:func:`pytest_kvaudit.pricing.units_of_ledger`); cost bookkeeping, not audited
         u["transplant_tokens"] = sum(len(t.suffix) for t in r.transplants)
     return u
 

@@ -172,7 +172,7 @@ def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
     return acc
 
 
-def price(records: Iterable[Any], cfg: AuditConfig | None = None) -> dict[str, int]:
+def price(records: Iterable[Any]) -> dict[str, int]:
     """Forward calls and tokens of a run, priced from its records' lengths with the plan's model: equal to
     what the decoder counted when the model of the work is exact."""
     acc = price_units(u for u in map(unit_of_record, records) if u is not None)
@@ -266,12 +266,10 @@ def ledger_prediction(cfg: AuditConfig, identity: Mapping[str, Any], env: Mappin
     steps: dict[str, dict[str, list[int]]] = {}
     for d in cfg.dtypes:
         mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
-        probed = [Unit(u.prompt, 0, probe_tokens=batch_probe_tokens(u.head, index[i], lengths, cfg))
-                  for i, u in mine if u.head is not None]
         acc = price_units([u for _, u in mine])
-        batch = price_units(probed).get("probes")
-        if batch:
-            acc["batch_invariance"] = [batch[0], batch[0], batch[2]]
+        batch = [t for i, u in mine if u.head is not None and (t := batch_probe_tokens(u.head, index[i], lengths, cfg))]
+        if batch:  # one forward of the padded batch each
+            acc["batch_invariance"] = [len(batch), len(batch), sum(batch)]
         for _, u in mine:  # the axes run their own trajectories: priced on this precision's lengths
             if u.head is not None and (cfg.attn_axes or cfg.cache_axes):
                 x = Lengths(u.prompt, u.head - u.prompt + 1, dict(u.continuations).get("prefill", 0))

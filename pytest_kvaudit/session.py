@@ -97,7 +97,7 @@ class KvauditSession:
         line, self.written = finish_share(self.share, self.partials, self.written, self.error, shard_dir, workers)
         return line
 
-    def _open(self, shard_index: int = 0, shard_count: int = 1) -> Store:
+    def _open(self) -> Store:
         import torch
 
         from .constructions import NO_FAULTS
@@ -114,7 +114,7 @@ class KvauditSession:
             # one GPU per worker: worker i takes GPU i mod the number of GPUs
             cfg = cfg.replace(device=f"cuda:{max(0, self.shard[0]) % torch.cuda.device_count()}")
         faults = self.pytest_config.hook.pytest_kvaudit_faults(config=self.pytest_config) or NO_FAULTS
-        return Store.open(cfg, shard_index, shard_count, faults, self.share or (0, 1))
+        return Store.open(cfg, faults, self.share or (0, 1))
 
     def _compute(self) -> Store:
         from .progress import printer
@@ -159,7 +159,7 @@ class KvauditSession:
         :mod:`.workqueue`) rather than a fixed round-robin shard: divergent items cost several times a plain
         one, so fixed shares leave one worker waiting for the other. Records are merged back into a single
         run's order by :meth:`Store.merged`, whoever computed them."""
-        from .xdist_glue import write_shard, write_shard_error
+        from .shares import write_shard, write_shard_error
 
         assert self.shard is not None
         index, count, folder = self.shard
@@ -295,5 +295,5 @@ def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
         "cost": {**{k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens",
                                                         "seconds")}, "stages": dict(store.stages)},
         # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens
-        "plan": {**store.plan, "priced_after_run": price(store.records.values(), config)} if store.plan else {},
+        "plan": {**store.plan, "priced_after_run": price(store.records.values())} if store.plan else {},
     }

@@ -3,16 +3,54 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import KvauditError
+from .files import atomic_write_text
 
 if TYPE_CHECKING:
     from .config import AuditConfig
     from .store import Store
 
 
+# -- the xdist workers' shards: one file each in the folder the controller handed out ------------------
+def write_shard(folder: Path, index: int, data: dict[str, Any]) -> None:
+    atomic_write_text(folder / f"shard-{index}.json", json.dumps(data, default=list))
+
+
+def write_shard_error(folder: Path, index: int, message: str) -> None:
+    atomic_write_text(folder / f"shard-{index}.error", message)
+
+
+def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None) -> dict[str, Any]:
+    """Wait for every shard; returns {"exports": [...], "dead": [index...], "error": message or None}."""
+    start = time.monotonic()
+    while True:
+        done: dict[int, Path | None] = {}
+        dead: list[int] = []
+        error: str | None = None
+        for i in range(count):
+            if (folder / f"shard-{i}.json").exists():
+                done[i] = folder / f"shard-{i}.json"
+            elif (folder / f"shard-{i}.error").exists():
+                error = (folder / f"shard-{i}.error").read_text()
+                done[i] = None
+            elif (folder / f"shard-{i}.dead").exists():
+                dead.append(i)
+        if len(done) + len(dead) == count:
+            break
+        if timeout is not None and time.monotonic() - start > timeout:
+            dead += [i for i in range(count) if i not in done and i not in dead]
+            break
+        time.sleep(poll)
+    exports = [json.loads(p.read_text()) for i, p in sorted(done.items()) if p is not None]
+    return {"exports": exports, "dead": sorted(dead), "error": error}
+
+
+# -- a runner's share and the merges ------------------------------------------------------------------
 def export(store: Store, set_name: str) -> dict[str, Any]:
     """A store's export with what a merge compares across runners: the item set and the options that decide
     the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
@@ -37,8 +75,6 @@ def finish_share(share: tuple[int, int], folder: Path, written: Path | None, err
     written; the partial written). Under xdist the partial is written here from the workers' shards."""
     i, n = share
     if shard_dir is not None and written is None:
-        from .xdist_glue import collect_shards
-
         got = collect_shards(shard_dir, workers, timeout=0)
         if got["error"] or got["dead"] or len(got["exports"]) != workers:
             why = got["error"] or (f"worker(s) {', '.join(f'gw{w}' for w in got['dead'])} computed nothing or died"
@@ -56,7 +92,6 @@ def finish_share(share: tuple[int, int], folder: Path, written: Path | None, err
 def merge_shards(cfg: AuditConfig, count: int, folder: Path) -> Store:
     """The store of this run from every xdist worker's shard (waiting for them)."""
     from .store import Store
-    from .xdist_glue import collect_shards
 
     got = collect_shards(folder, count)
     if got["error"]:

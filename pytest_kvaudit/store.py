@@ -41,13 +41,12 @@ def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
 class Store:
     """Holds the run's cells. ``compute()`` fills them once; claims read ``records``."""
 
-    def __init__(self, cfg: AuditConfig, item_set: ItemSet, shard_index: int = 0, shard_count: int = 1,
-                 faults: Faults = NO_FAULTS, share: tuple[int, int] = (0, 1)) -> None:
+    def __init__(self, cfg: AuditConfig, item_set: ItemSet, faults: Faults = NO_FAULTS,
+                 share: tuple[int, int] = (0, 1)) -> None:
         self.cfg = cfg
         self.item_set = item_set
-        # a runner's share (--kvaudit-shard=I/N), then this process's shard of it (xdist worker i of n)
-        self.items: list[Item] = shard(shard(item_set.items, *share), shard_index, shard_count)
-        self.shard_index, self.shard_count = shard_index, shard_count
+        # a runner's share (--kvaudit-shard=I/N); xdist workers take its items from a queue (compute)
+        self.items: list[Item] = shard(item_set.items, *share)
         self.share = share
         self.faults = faults
         self.records: dict[tuple[str, str], CellRecord] = {}
@@ -76,10 +75,9 @@ class Store:
         return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
 
     @classmethod
-    def open(cls, cfg: AuditConfig, shard_index: int = 0, shard_count: int = 1, faults: Faults = NO_FAULTS,
-             share: tuple[int, int] = (0, 1)) -> Store:
+    def open(cls, cfg: AuditConfig, faults: Faults = NO_FAULTS, share: tuple[int, int] = (0, 1)) -> Store:
         cfg, item_set = cls.resolve(cfg)
-        return cls(cfg, item_set, shard_index, shard_count, faults, share)
+        return cls(cfg, item_set, faults, share)
 
     @classmethod
     def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
@@ -257,7 +255,6 @@ class Store:
     # -- plain data for xdist and the ledger ----------------------------------------------------
     def export(self) -> dict[str, Any]:
         return {
-            "shard": [self.shard_index, self.shard_count],
             "share": list(self.share),
             "records": [r.to_dict() for r in self.records.values()],
             "cost": asdict(self.cost),

@@ -1,4 +1,4 @@
-"""pytest-xdist glue: shard items over workers, judge every claim on the whole.
+"""pytest-xdist glue: the workers share out the items, every claim is judged on the whole.
 
 Every worker computes a part of the items (taken one at a time from a queue in a folder the controller
 handed out through ``workerinput``, :mod:`.workqueue`, so that a worker with costly divergent items does
@@ -11,16 +11,13 @@ pass.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .files import atomic_write_text
 from .progress import ShardProgress, printer
 
 SHARD_DIR = "kvaudit_shard_dir"
@@ -73,36 +70,3 @@ def worker_shard(config: pytest.Config) -> tuple[int, int, Path] | None:
     index = int(str(wi["workerid"]).removeprefix("gw"))
     # a replacement for a crashed worker has an index past the count: it reads, it computes nothing
     return (index if index < count else -1, count, Path(wi[SHARD_DIR]))
-
-
-def write_shard(folder: Path, index: int, export: dict[str, Any]) -> None:
-    atomic_write_text(folder / f"shard-{index}.json", json.dumps(export, default=list))
-
-
-def write_shard_error(folder: Path, index: int, message: str) -> None:
-    atomic_write_text(folder / f"shard-{index}.error", message)
-
-
-def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None) -> dict[str, Any]:
-    """Wait for every shard; returns {"exports": [...], "dead": [index...], "error": message or None}."""
-    start = time.monotonic()
-    while True:
-        done: dict[int, Path | None] = {}
-        dead: list[int] = []
-        error: str | None = None
-        for i in range(count):
-            if (folder / f"shard-{i}.json").exists():
-                done[i] = folder / f"shard-{i}.json"
-            elif (folder / f"shard-{i}.error").exists():
-                error = (folder / f"shard-{i}.error").read_text()
-                done[i] = None
-            elif (folder / f"shard-{i}.dead").exists():
-                dead.append(i)
-        if len(done) + len(dead) == count:
-            break
-        if timeout is not None and time.monotonic() - start > timeout:
-            dead += [i for i in range(count) if i not in done and i not in dead]
-            break
-        time.sleep(poll)
-    exports = [json.loads(p.read_text()) for i, p in sorted(done.items()) if p is not None]
-    return {"exports": exports, "dead": sorted(dead), "error": error}
