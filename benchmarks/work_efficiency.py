@@ -5,7 +5,7 @@ once and read by every claim. This benchmark runs the whole store plan
 (``Store.open(AuditConfig(n=N)).compute()``) and reports, in one run:
 
 * ``forward_tokens / minimal_forward_tokens`` from ``store.cost`` [target <= 1.05 on the claims' own work].
-  ``minimal`` is priced by :mod:`pytest_kvaudit.minimal` from what the claims need (per eligible item: the
+  ``minimal`` is priced by :mod:`pytest_kvaudit.claims.needs` from what the claims need (per eligible item: the
   trajectory, the live and prefill replicas, each construction, the 2x2's two cells; on the donor units
   the all-layer transplants and their controls), apart from the counter of forwards run, so the ratio
   is not 1 by construction: the layer sweep and the probes (analyses only) and any cell computed twice
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     threads_line = C.setup_torch(a.threads)
 
     from pytest_kvaudit.claims import registered
-    from pytest_kvaudit.config import LOW_PRECISION, AuditConfig, parse_chunks, parse_dtypes
-    from pytest_kvaudit.store import Store
+    from pytest_kvaudit.engine.config import LOW_PRECISION, AuditConfig, parse_chunks, parse_dtypes
+    from pytest_kvaudit.engine.store import Store
 
     kw: dict[str, Any] = {"n": a.n, "dtypes": parse_dtypes(a.dtypes), "device": a.device,
                           "chunks": parse_chunks(a.chunks), "threads": a.threads}
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     by = {(r.item_id, r.dtype): r for r in records}
     primary = cfg.dtypes[0]
     order = [it.id for it in store.item_set.items]
-    from pytest_kvaudit.minimal import minimal_tokens
+    from pytest_kvaudit.claims.needs import minimal_tokens
 
     needed = minimal_tokens(records, cfg.donor_max_units, primary)
     parts = reconstruct_store(records, by, primary, order)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ["naive suite: the paper's 5 claims only", naive5, cost.forward_tokens / naive5 if naive5 else float("nan")],
     ])
     other = cost.forward_tokens - rebuilt
-    t0 = C.table("the least the claims need (pytest_kvaudit.minimal), by kind of work", ["work", "tokens", "share"],
+    t0 = C.table("the least the claims need (pytest_kvaudit.claims.needs), by kind of work", ["work", "tokens", "share"],
                  [[k, v, v / cost.minimal_forward_tokens if cost.minimal_forward_tokens else float("nan")]
                   for k, v in needed.items()] + [["sum (= store.cost.minimal_forward_tokens)", sum(needed.values()), 1.0]])
     t3 = C.table("store tokens by kind of work (reconstructed from the records)", ["work", "tokens", "share"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .config import AuditConfig, BoundaryRule
-from .errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
 
 __all__ = ["AuditConfig", "BoundaryRule", "KvauditError", "UnsupportedCacheError", "__version__"]

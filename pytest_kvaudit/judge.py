@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .claims import base as claims
-from .errors import KvauditError
+from pytest_kvaudit.claims import base as claims
+from pytest_kvaudit.engine.errors import KvauditError
 
 if TYPE_CHECKING:
-    from .session import KvauditSession
-    from .store import Store
+    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.session import KvauditSession
 
 MARKER = "kvaudit_claim"
 
@@ -71,7 +71,7 @@ class Judge:
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
         if claim is not None and self.session.html_path is not None:
-            from .session import run_info
+            from pytest_kvaudit.session import run_info
 
             run = self.session.run_info or run_info(self.store, self.session.config)
             display["html"] = claim.html(result.to_dict(), run)

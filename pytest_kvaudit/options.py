@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .config import (
+from pytest_kvaudit.engine.config import (
     EMBEDDED_DIR,
     EMBEDDED_NAME,
     AuditConfig,
@@ -25,7 +25,7 @@ from .config import (
     parse_int,
     parse_threshold_value,
 )
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
 MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
@@ -207,7 +207,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
 def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
     """(share I/N, partials folder, merge folder): a share needs a folder to write to, and a run either
     computes a share or merges shares, never both."""
-    from .partials import parse_shard
+    from pytest_kvaudit.dist.partials import parse_shard
 
     text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
     try:
@@ -234,7 +234,7 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
         return ()
     if names == ("all",):
         return names
-    from .claims import registered
+    from pytest_kvaudit.claims import registered
 
     known = [c.name for c in registered()]
     unknown = [n for n in names if n not in known]

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import options as opt
-from .config import SUITES_DIR, AuditConfig
-from .run_report import run_report
-from .session import KvauditSession
+from pytest_kvaudit import options as opt
+from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
+from pytest_kvaudit.run_report import run_report
+from pytest_kvaudit.session import KvauditSession
 
 if TYPE_CHECKING:
-    from .judge import Judge
-    from .store import Store
+    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.judge import Judge
 
 SESSION_KEY = pytest.StashKey[KvauditSession]()
 PLAN_SKIP = "kvaudit plan only (--kvaudit-plan): planned, not run"
@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from . import hooks
+    from pytest_kvaudit import hooks
 
     pluginmanager.add_hookspecs(hooks)
 
@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     audit = opt.build_config(config)
     thresholds = opt.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
     if thresholds:  # built-in claims (and conftest ones) are known now; test files' own at collection
-        from .claims import registered
+        from pytest_kvaudit.claims import registered
 
         opt.check_thresholds(thresholds, audit, registered())
     sess = KvauditSession(audit, config, thresholds, opt.output_path(config, opt.REPORT),
@@ -64,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
             config.args.append(suites)
     if config.pluginmanager.hasplugin("xdist"):
-        from .xdist_glue import XdistController, worker_shard
+        from pytest_kvaudit.xdist_glue import XdistController, worker_shard
 
         sess.shard = worker_shard(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = keep
     config.stash[SESSION_KEY].collected_claims = seen
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
-        from .session import uses_store
+        from pytest_kvaudit.session import uses_store
 
         for item in filter(uses_store, items):
             item.add_marker(pytest.mark.skip(reason=PLAN_SKIP))
@@ -152,7 +152,7 @@ def kvaudit_records(kvaudit_store: Store) -> list[Any]:
 @pytest.fixture
 def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSession, kvaudit_store: Store) -> Judge:
     """Judge a claim: ``kvaudit_judge.claim()``, ``kvaudit_judge.exact(name, units)``, ``.verdict(result)``."""
-    from .judge import Judge
+    from pytest_kvaudit.judge import Judge
 
     return Judge(kvaudit_session, request.node, kvaudit_store)  # type: ignore[arg-type]
 
@@ -166,7 +166,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for note in sess.notes:
         terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
     if sess.plan is not None:
-        from .terminal import plan_lines
+        from pytest_kvaudit.report.terminal import plan_lines
 
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
         for line in plan_lines(sess.plan):
@@ -180,7 +180,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_sep("=", "kvaudit")
             terminalreporter.write_line(f"kvaudit could not run: {sess.error}")
         return
-    from .terminal import compare_lines, lines
+    from pytest_kvaudit.report.terminal import compare_lines, lines
 
     terminalreporter.write_sep("=", "kvaudit claims")
     for line in lines(rep):
@@ -211,8 +211,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     rep = sess.report = run_report(sess)
     if rep is None:
         return
-    from .ledger import slug
-    from .report import atomic_write_text, dumps
+    from pytest_kvaudit.engine.files import atomic_write_text
+    from pytest_kvaudit.engine.ledger import slug
+    from pytest_kvaudit.report.document import dumps
 
     if sess.report_path is not None:
         atomic_write_text(sess.report_path, dumps(rep))
@@ -221,7 +222,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # the gate: a regression from the baseline (or a baseline that could not be read) fails the run
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if sess.html_path is not None:
-        from .html import write
+        from pytest_kvaudit.report.html import write
 
         write(rep, sess.html_path, {n: d.get("html") for n, d in sess.display.items() if "html" in d})
     if config.getoption("update_snapshots", False) and any(c.figures.get("recorded") is True

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .session import KvauditSession
+    from pytest_kvaudit.session import KvauditSession
 
 
 def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
     """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
-    from .plan import recall
+    from pytest_kvaudit.engine.plan import recall
 
     est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
     return {**plan, "estimate": est} if est else plan
@@ -21,8 +21,8 @@ def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
 
 def run_report(sess: KvauditSession) -> dict[str, Any] | None:
     """The report, or None when no claim was judged."""
-    from .errors import KvauditError
-    from .report import build, compare, load_baseline
+    from pytest_kvaudit.engine.errors import KvauditError
+    from pytest_kvaudit.report.document import build, compare, load_baseline
 
     if not sess.claims:
         return None

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .config import AuditConfig
-from .errors import KvauditError
+from pytest_kvaudit.engine.config import AuditConfig
+from pytest_kvaudit.engine.errors import KvauditError
 
 if TYPE_CHECKING:
-    from .claims.base import ClaimResult
-    from .store import Store
+    from pytest_kvaudit.claims.base import ClaimResult
+    from pytest_kvaudit.engine.store import Store
 
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
 
@@ -78,12 +78,12 @@ class KvauditSession:
         return self.store
 
     def export(self, store: Store) -> dict[str, Any]:
-        from .shares import export
+        from pytest_kvaudit.dist.exports import export
 
         return export(store, item_set_name(store))
 
     def _write_partial(self, exports: list[dict[str, Any]]) -> Path:
-        from .shares import write_partial
+        from pytest_kvaudit.dist.exports import write_partial
 
         assert self.share is not None and self.partials is not None
         return write_partial(self.partials, self.share, exports)
@@ -91,7 +91,7 @@ class KvauditSession:
     def finish_share(self, shard_dir: Path | None, workers: int) -> str:
         """On the process that owns the run (not an xdist worker): the partial, written from the xdist workers'
         shards when there are any; returns the summary line, starting with "FAILED" when nothing was written."""
-        from .shares import finish_share
+        from pytest_kvaudit.dist.exports import finish_share
 
         assert self.share is not None and self.partials is not None
         line, self.written = finish_share(self.share, self.partials, self.written, self.error, shard_dir, workers)
@@ -100,8 +100,8 @@ class KvauditSession:
     def _open(self) -> Store:
         import torch
 
-        from .constructions import NO_FAULTS
-        from .store import Store
+        from pytest_kvaudit.engine.decoder import NO_FAULTS
+        from pytest_kvaudit.engine.store import Store
 
         # One CPU thread per process by default: thread count changes the bits of CPU matmuls, and
         # verdicts must not depend on -n. --kvaudit-threads trades that for speed.
@@ -117,7 +117,7 @@ class KvauditSession:
         return Store.open(cfg, faults, self.share or (0, 1))
 
     def _compute(self) -> Store:
-        from .progress import printer
+        from pytest_kvaudit.progress import printer
 
         store = self._open()
         store.plan = self.make_plan(store, 1)
@@ -126,8 +126,8 @@ class KvauditSession:
 
     def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
         """The run's plan over the whole item set (:mod:`.plan`), for the claims this run selects."""
-        from .claims import registered
-        from .plan import make_plan
+        from pytest_kvaudit.claims import registered
+        from pytest_kvaudit.engine.plan import make_plan
 
         sel, got = self.selection, self.collected_claims
         claims = [c for c in registered() if (c.name in got if got is not None else
@@ -138,17 +138,18 @@ class KvauditSession:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
         one is asked for, holds the plan block alone."""
         try:
-            from .plan import SAMPLE
+            from pytest_kvaudit.engine.plan import SAMPLE
 
             self.plan = self.make_plan(self._open(), workers, SAMPLE)
         except KvauditError as exc:
             self.error = str(exc)
             return
-        from .plan import remember
+        from pytest_kvaudit.engine.plan import remember
 
         remember(getattr(self.pytest_config, "cache", None), self.config, self.plan)  # the run's end compares
         if self.report_path is not None:
-            from .report import atomic_write_text, dumps
+            from pytest_kvaudit.engine.files import atomic_write_text
+            from pytest_kvaudit.report.document import dumps
 
             atomic_write_text(self.report_path, dumps({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}))
 
@@ -159,7 +160,7 @@ class KvauditSession:
         :mod:`.workqueue`) rather than a fixed round-robin shard: divergent items cost several times a plain
         one, so fixed shares leave one worker waiting for the other. Records are merged back into a single
         run's order by :meth:`Store.merged`, whoever computed them."""
-        from .shares import write_shard, write_shard_error
+        from pytest_kvaudit.dist.exports import write_shard, write_shard_error
 
         assert self.shard is not None
         index, count, folder = self.shard
@@ -168,8 +169,8 @@ class KvauditSession:
         if self.error is not None:  # a usage error found at collection: every worker's claims fail with it
             write_shard_error(folder, index, self.error)
             return
-        from .progress import shard_writer
-        from .workqueue import WorkQueue
+        from pytest_kvaudit.dist.queue import WorkQueue
+        from pytest_kvaudit.progress import shard_writer
 
         try:
             store = self._open()
@@ -185,13 +186,13 @@ class KvauditSession:
                 self.error = str(exc)
 
     def _merge_shards(self) -> Store:
-        from .shares import merge_shards
+        from pytest_kvaudit.dist.exports import merge_shards
 
         assert self.shard is not None
         return merge_shards(self.config, self.shard[1], self.shard[2])
 
     def _merge_partials(self) -> Store:
-        from .shares import merge_partials
+        from pytest_kvaudit.dist.exports import merge_partials
 
         assert self.merge is not None
         self.config, store = merge_partials(self.config, self.merge)
@@ -210,8 +211,8 @@ class KvauditSession:
         """
         if not self.thresholds:
             return
-        from . import options as opt
-        from .claims import registered
+        from pytest_kvaudit import options as opt
+        from pytest_kvaudit.claims import registered
 
         try:
             unknown = opt.check_thresholds(self.thresholds, self.config, registered())
@@ -254,7 +255,7 @@ class KvauditSession:
         props = dict(report.user_properties)
         if CLAIM_PROP not in props or report.when == "teardown":
             return
-        from .claims.base import ClaimResult
+        from pytest_kvaudit.claims.base import ClaimResult
 
         result = ClaimResult.from_dict(json.loads(str(props[CLAIM_PROP])))
         self.claims[result.name] = result
@@ -267,7 +268,7 @@ class KvauditSession:
 
 def item_set_name(store: Store) -> str:
     """The item set as a report names it: its file, or the built-in set's name."""
-    from .config import EMBEDDED_DIR, EMBEDDED_NAME
+    from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME
 
     path = store.item_set.path
     p = str(path)
@@ -283,9 +284,9 @@ def uses_store(item: pytest.Item) -> bool:
 
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller)."""
-    from .analyses import build as analyses
-    from .pricing import price
-    from .report import items_block
+    from pytest_kvaudit.claims.analyses import build as analyses
+    from pytest_kvaudit.engine.pricing import price
+    from pytest_kvaudit.report.document import items_block
 
     return {
         "analyses": analyses(list(store.records.values()), config.sweep_units),

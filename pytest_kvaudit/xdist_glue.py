@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .progress import ShardProgress, printer
+from pytest_kvaudit.progress import ShardProgress, printer
 
 SHARD_DIR = "kvaudit_shard_dir"
 

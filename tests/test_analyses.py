@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pytest_kvaudit.analyses import first_divergence
+from pytest_kvaudit.claims.analyses import first_divergence
 from test_plugin import BREAK, LOW_BARS
 
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kvaudit import options as opt
-from pytest_kvaudit.config import AuditConfig, BoundaryRule
-from pytest_kvaudit.errors import KvauditError
+from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -228,7 +228,7 @@ def items_file(tmp_path: Path, lines: list[dict[str, Any]], meta: dict[str, Any]
 ])
 def test_meta_json_of_the_wrong_type_names_file_and_field(tmp_path: Path, meta: dict[str, Any], field: str,
                                                            want: str) -> None:
-    from pytest_kvaudit.items import load_item_set
+    from pytest_kvaudit.engine.items import load_item_set
 
     path = items_file(tmp_path, [{"id": "a", "prompt": "S12:", "answer": "3"}], meta)
     with pytest.raises(KvauditError) as exc:
@@ -243,7 +243,7 @@ def test_meta_json_of_the_wrong_type_names_file_and_field(tmp_path: Path, meta: 
     ({"id": "b", "prompt": "S1:", "answer": "1", "boundary": ""}, "set.jsonl:2: item 'b': --kvaudit-boundary is empty"),
 ])
 def test_bad_item_fields_name_file_and_line(tmp_path: Path, item: dict[str, Any], want: str) -> None:
-    from pytest_kvaudit.items import load_item_set
+    from pytest_kvaudit.engine.items import load_item_set
 
     path = items_file(tmp_path, [{"id": "a", "prompt": "S12:", "answer": "3"}, item])
     with pytest.raises(KvauditError) as exc:
@@ -252,7 +252,7 @@ def test_bad_item_fields_name_file_and_line(tmp_path: Path, item: dict[str, Any]
 
 
 def store_for(ck: Path, items: Path, **kw: Any) -> Any:
-    from pytest_kvaudit.store import Store
+    from pytest_kvaudit.engine.store import Store
 
     return Store.open(AuditConfig(model=str(ck), items=str(items), dtypes=("fp32",), device="cpu", batch_units=2, **kw))
 
@@ -269,7 +269,7 @@ def test_prompt_ids_outside_the_vocabulary_name_file_and_line(tiny_llama: Path, 
 
 
 def test_too_long_and_unreached_items_are_counted_and_listed(tiny_llama: Path, tmp_path: Path) -> None:
-    from pytest_kvaudit.report import items_block
+    from pytest_kvaudit.report.document import items_block
 
     huge = "S" + "12" * 1_000_000 + ":"  # 2 MB: refused by length, never fed to the model
     lines = [{"id": "short", "prompt": "S12:", "answer": "3"},
@@ -295,8 +295,8 @@ def test_too_long_and_unreached_items_are_counted_and_listed(tiny_llama: Path, t
 
 
 def test_the_untokenized_length_bound_never_calls_a_fitting_prompt_too_long() -> None:
-    from pytest_kvaudit.cells import surely_too_long
-    from pytest_kvaudit.items import Item
+    from pytest_kvaudit.engine.cells import surely_too_long
+    from pytest_kvaudit.engine.items import Item
 
     def item(text: str) -> Item:
         return Item(id="x", answer="1", prompt=text)
@@ -329,7 +329,7 @@ def edit_weights(ck: Path, fn: Any) -> None:
 
 
 def refusal(ck: Path, dtype: str = "fp32") -> str:
-    from pytest_kvaudit.loading import open_model
+    from pytest_kvaudit.engine.loading import open_model
 
     with pytest.raises(KvauditError) as exc:
         open_model(str(ck), dtype, "cpu")
@@ -447,7 +447,7 @@ class FakeLM:
 
 
 def test_the_causality_probe_on_stand_in_models() -> None:
-    from pytest_kvaudit.refusals import check_causal
+    from pytest_kvaudit.engine.refusals import check_causal
 
     check_causal(FakeLM(future=False), Path("causal"))
     check_causal(FakeLM(future=False, noise=1e-7), Path("moe-like"))  # a few ulps: an expert GEMM's rounding

@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from pytest_kvaudit.builtin_items import (
+from pytest_kvaudit.engine.builtin_items import (
     BUILTIN_MAX,
     BUILTIN_NAME,
     BUILTIN_PATH,
     BUILTIN_SIZE,
     builtin_item_set,
 )
-from pytest_kvaudit.config import BoundaryRule
-from pytest_kvaudit.errors import KvauditError
-from pytest_kvaudit.items import extract_answer
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import extract_answer
 
 #: sha256 of the default set's (id, prompt, answer) triples. A change here changes every ledger recorded on
 #: the built-in set: bump BUILTIN_NAME's version with it, never just this digest.
@@ -48,7 +48,7 @@ def test_same_in_a_fresh_interpreter_without_torch_or_pytest() -> None:
     """Another process (another hash seed) builds the same set, and the import pulls in no torch or pytest."""
     code = (
         "import sys, json, hashlib\n"
-        "from pytest_kvaudit.builtin_items import builtin_item_set\n"
+        "from pytest_kvaudit.engine.builtin_items import builtin_item_set\n"
         "rows = [[i.id, i.prompt, i.answer] for i in builtin_item_set().items]\n"
         "print(hashlib.sha256(json.dumps(rows).encode()).hexdigest())\n"
         "print(sorted(m for m in ('torch', 'transformers', 'pytest') if m in sys.modules))\n"

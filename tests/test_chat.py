@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from pytest_kvaudit.chat import chat_prompt_ids
-from pytest_kvaudit.errors import KvauditError
+from pytest_kvaudit.engine.chat import chat_prompt_ids
+from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.testing import char_vocab, save_char_tokenizer, tiny_checkpoint
 
 
@@ -63,8 +63,8 @@ def test_no_template_is_one_line_naming_the_fix(tmp_path: Path) -> None:
 
 def test_store_prompt_ids_uses_the_template(chat_ckpt: Path) -> None:
     """``--kvaudit-chat-template`` end to end through the Store (a traceback on transformers 5 before)."""
-    from pytest_kvaudit.config import AuditConfig
-    from pytest_kvaudit.store import Store
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
 
     store = Store.open(AuditConfig(model=str(chat_ckpt), chat_template=True, dtypes=("fp32",), device="cpu"))
     item = store.items[0]

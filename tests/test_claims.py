@@ -6,9 +6,9 @@ import json
 import math
 
 from pytest_kvaudit.claims import ClaimResult, least_units, registered
-from pytest_kvaudit.report import dumps
-from pytest_kvaudit.stats import least_units_for_upper, wilson_interval
-from pytest_kvaudit.terminal import detail_line, fmt_interval, lines
+from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.report.document import dumps
+from pytest_kvaudit.report.terminal import detail_line, fmt_interval, lines
 
 
 def test_least_units_for_a_wilson_upper_bound() -> None:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from pytest_kvaudit.config import EMBEDDED_DIR
+from pytest_kvaudit.engine.config import EMBEDDED_DIR
 
 
 def test_embedded_checkpoint_is_small_and_safetensors() -> None:

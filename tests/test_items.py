@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_kvaudit.config import BoundaryRule
-from pytest_kvaudit.errors import KvauditError
-from pytest_kvaudit.items import extract_answer, find_boundary, load_item_set, parse_lines
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import extract_answer, find_boundary, load_item_set, parse_lines
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -18,8 +18,8 @@ import shutil
 import pytest
 
 from conftest import REPO
-from pytest_kvaudit.config import EMBEDDED_DIR
-from pytest_kvaudit.items import extract_answer, load_item_set
+from pytest_kvaudit.engine.config import EMBEDDED_DIR
+from pytest_kvaudit.engine.items import extract_answer, load_item_set
 
 LABELS = EMBEDDED_DIR / "items-labels.jsonl"
 FIRST = 40  # items the run below judges: BF16 changes 3 of their labels (order-001, -031, -033) on an AVX512 CPU

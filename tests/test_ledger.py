@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from pytest_kvaudit.errors import KvauditError
-from pytest_kvaudit.ledger import parse
-from pytest_kvaudit.report import atomic_write_text
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.engine.ledger import parse
 
 LEDGER = "snapshots/{slug}/test_ledger_audit/test_ledger_audit.json"
 
@@ -37,7 +37,7 @@ def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunRe
 
 NOISE = """
 import torch
-from pytest_kvaudit.constructions import Faults
+from pytest_kvaudit.engine.decoder import Faults
 def hook(logits, path):
     return logits + 1e-3 if path == "prefill" and logits.dtype == torch.float32 else logits
 def pytest_kvaudit_faults(config):
@@ -130,7 +130,7 @@ def test_a_damaged_ledger_is_one_line_naming_it(pytester: pytest.Pytester, tiny_
 
 CRASH_SHARD_1 = """
 import os
-from pytest_kvaudit.cells import CellBuilder
+from pytest_kvaudit.engine.cells import CellBuilder
 _compute = CellBuilder.compute
 def compute(self, item, *a):
     if item.id == os.environ.get("KVAUDIT_TEST_CRASH_AT"):

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_kvaudit.errors import KvauditError
-from pytest_kvaudit.loading import model_identity, open_model, resolve_checkpoint
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.loading import model_identity, open_model, resolve_checkpoint
 
 
 def one_line(exc: pytest.ExceptionInfo[KvauditError]) -> str:
@@ -87,7 +87,7 @@ def test_identity_digests_weight_bytes(tiny_llama: Path, tmp_path: Path) -> None
 
 
 def test_unknown_device_and_dtype() -> None:
-    from pytest_kvaudit.config import parse_device, parse_dtypes
+    from pytest_kvaudit.engine.config import parse_device, parse_dtypes
 
     with pytest.raises(KvauditError, match="not auto, cpu, cuda or cuda:N"):
         parse_device("tpu")
@@ -99,7 +99,7 @@ def test_unknown_device_and_dtype() -> None:
 def test_cuda_requested_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pytest_kvaudit.loading import resolve_device
+    from pytest_kvaudit.engine.loading import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(KvauditError, match="sees no CUDA device"):
@@ -110,7 +110,7 @@ def test_cuda_requested_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_gpu_without_bf16_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pytest_kvaudit.loading import check_dtype_supported
+    from pytest_kvaudit.engine.loading import check_dtype_supported
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
@@ -121,7 +121,7 @@ def test_a_gpu_without_bf16_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pytest_kvaudit.loading import check_dtype_supported
+    from pytest_kvaudit.engine.loading import check_dtype_supported
 
     real_ones = torch.ones
 
@@ -139,9 +139,9 @@ def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.Monkey
 def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import torch
 
-    from pytest_kvaudit.config import AuditConfig
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
     from pytest_kvaudit.session import KvauditSession
-    from pytest_kvaudit.store import Store
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -156,7 +156,7 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
 
 
 def test_xdist_shards_from_two_environments_are_refused() -> None:
-    from pytest_kvaudit.store import check_one_environment
+    from pytest_kvaudit.engine.store import check_one_environment
 
     def export(gpu: str, digest: str = "sha256:a") -> dict:
         return {"records": [{}], "environment": {"device": "cuda", "device_name": gpu},

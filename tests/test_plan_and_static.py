@@ -15,7 +15,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 COUNT_COMPUTE = """
 import os
-from pytest_kvaudit.store import Store
+from pytest_kvaudit.engine.store import Store
 
 _compute = Store.compute
 
@@ -118,9 +118,9 @@ def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:
     """Fingerprints, comparisons and transplants see a static layer's filled positions, not its preallocation."""
     import torch
 
-    from pytest_kvaudit import cache as kv
-    from pytest_kvaudit.constructions import Decoder
-    from pytest_kvaudit.loading import open_model
+    from pytest_kvaudit.engine import cache as kv
+    from pytest_kvaudit.engine.decoder import Decoder
+    from pytest_kvaudit.engine.loading import open_model
 
     torch.set_num_threads(1)
     h = open_model(str(tiny_llama), "fp32", "cpu")

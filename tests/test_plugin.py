@@ -112,8 +112,8 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
 
 BREAK = """
 import torch
-from pytest_kvaudit import cache as kv
-from pytest_kvaudit.constructions import Faults
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.decoder import Faults
 
 def noisy_logits(paths):
     def hook(logits, path):
@@ -271,7 +271,7 @@ def test_zero_eligible_items_make_every_claim_inconclusive(pytester: pytest.Pyte
 
 @pytest.fixture(scope="module")
 def baseline_claims(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> dict:
-    from pytest_kvaudit.report import dumps  # noqa: F401  (the same serialiser the report uses)
+    from pytest_kvaudit.report.document import dumps  # noqa: F401  (the same serialiser the report uses)
 
     d = tmp_path_factory.mktemp("baseline")
     for f in (REPO / "suites").glob("test_*.py"):
@@ -315,7 +315,7 @@ def test_a_crashed_worker_never_turns_into_a_pass(pytester: pytest.Pytester, tin
     # out the rest to gw0, which gives up on the lost items' later precisions once gw1 is known dead)
     crash = (
         "import os\n"
-        "from pytest_kvaudit.cells import CellBuilder\n"
+        "from pytest_kvaudit.engine.cells import CellBuilder\n"
         "_inner, taken = CellBuilder.compute, []\n"
         "def cell(self, item, *a):\n"
         "    taken.append(item.id)\n"
@@ -341,7 +341,7 @@ def test_a_marker_the_tokenizer_cannot_spell_is_one_line(pytester: pytest.Pytest
 
 def test_out_of_memory_on_one_item_is_reported_and_the_run_goes_on(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     oom = (
-        "from pytest_kvaudit.cells import CellBuilder\n"
+        "from pytest_kvaudit.engine.cells import CellBuilder\n"
         "_inner = CellBuilder.compute\n"
         "def cell(self, item, *a):\n"
         "    if item.id == 't02':\n"

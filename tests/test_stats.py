@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_kvaudit.stats import clopper_pearson_interval, mcnemar_exact, paired_bootstrap_ci, wilson_interval
+from pytest_kvaudit.claims.stats import clopper_pearson_interval, mcnemar_exact, paired_bootstrap_ci, wilson_interval
 
 
 def test_wilson_upper_bound_of_zero_in_200_is_the_papers_1_88_percent() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvaudit.config import EMBEDDED_DIR
+from pytest_kvaudit.engine.config import EMBEDDED_DIR
 
 # thresholds under which 12 embedded items decide every claim (the defaults need the full 200)
 SMALL_RUN = """

@@ -15,7 +15,7 @@ and its test calls ``kvaudit_judge.claim("my_claim")``.
 
 from __future__ import annotations
 
-from . import (  # noqa: F401  (importing registers the built-in claims, in the paper's order)
+from pytest_kvaudit.claims import (  # noqa: F401  (importing registers the built-in claims, in the paper's order)
     bridge_bitexact,
     donor_following,
     fixed_prefix_2x2,
@@ -23,7 +23,7 @@ from . import (  # noqa: F401  (importing registers the built-in claims, in the 
     matched_construction,
     replica_exactness,
 )
-from .base import (
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     PASS,

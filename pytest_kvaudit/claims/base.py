@@ -14,13 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..analyses import first_divergence
-from ..errors import KvauditError
-from ..stats import wilson_interval
+from pytest_kvaudit.claims.analyses import first_divergence
+from pytest_kvaudit.claims.stats import wilson_interval
+from pytest_kvaudit.engine.errors import KvauditError
 
 if TYPE_CHECKING:
-    from ..cells import CellRecord
-    from ..config import AuditConfig
+    from pytest_kvaudit.engine.cells import CellRecord
+    from pytest_kvaudit.engine.config import AuditConfig
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 #: where a claim without an ``order`` sorts: after the paper's claims, then by name
@@ -190,7 +190,7 @@ def least_units(claim: Claim | str, thresholds: Mapping[str, Any] | None = None,
                 config: AuditConfig | None = None) -> dict[str, float | None]:
     """What ``claim`` needs to decide, with its default thresholds (from ``config`` where they depend on it)
     overridden by ``thresholds``: ``{what: amount}``, as :meth:`Claim.needs` says it."""
-    from ..config import AuditConfig
+    from pytest_kvaudit.engine.config import AuditConfig
 
     c = get(claim) if isinstance(claim, str) else claim
     return c.needs(c.resolve(config or AuditConfig(), thresholds or {}))

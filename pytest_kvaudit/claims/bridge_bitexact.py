@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..htmlkit import e, section, status, table
-from .base import (
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     PASS,
@@ -19,6 +18,7 @@ from .base import (
     names,
     register,
 )
+from pytest_kvaudit.report.htmlkit import e, section, status, table
 
 
 @register

@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..analyses import layer_sweep
-from ..htmlkit import e, section, table
-from ..stats import wilson_interval
-from .base import (
+from pytest_kvaudit.claims.analyses import layer_sweep
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     NO_INTERVAL,
@@ -23,6 +21,8 @@ from .base import (
     names,
     register,
 )
+from pytest_kvaudit.claims.stats import wilson_interval
+from pytest_kvaudit.report.htmlkit import e, section, table
 
 DIRECTIONS = ("live_to_prefill", "prefill_to_live")
 #: the controls as the report names them -> the transplant kind that carries them (see cells.transplants)

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import LOW_PRECISION
-from ..htmlkit import section, table
-from ..stats import least_units_for_upper, wilson_interval
-from .base import (
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     NO_INTERVAL,
@@ -22,6 +19,9 @@ from .base import (
     names,
     register,
 )
+from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.engine.config import LOW_PRECISION
+from pytest_kvaudit.report.htmlkit import section, table
 
 
 @register

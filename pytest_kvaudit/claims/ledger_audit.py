@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import ledger as L
-from ..config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
-from ..errors import KvauditError
-from .base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
+from pytest_kvaudit.claims.base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
+from pytest_kvaudit.engine import ledger as L
+from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
+from pytest_kvaudit.engine.errors import KvauditError
 
 
 @register
@@ -25,7 +25,7 @@ class LedgerAudit(Claim):
     inputs = ("snapshot",)
 
     def judge(self, ev: Evidence) -> ClaimResult:
-        from ..snapshot import extension_for
+        from pytest_kvaudit.snapshot import extension_for
 
         cfg = ev.config
         snapshot: Any = ev.inputs.get("snapshot")
@@ -122,7 +122,7 @@ class LedgerAudit(Claim):
                            {"recorded": True, "units": len(current["units"]), "ledger": str(path)})
 
     def html(self, result: Any, run: Any) -> str | None:
-        from ..htmlkit import e, section, status, table
+        from pytest_kvaudit.report.htmlkit import e, section, status, table
 
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [
             [status(result["status"]), f"{result['k']}/{result['n']}", e(result["reason"])]]))

@@ -6,9 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..htmlkit import section, table
-from ..stats import mcnemar_exact, paired_bootstrap_ci
-from .base import (
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     NO_INTERVAL,
@@ -22,9 +20,11 @@ from .base import (
     ineligible_note,
     register,
 )
+from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci
+from pytest_kvaudit.report.htmlkit import section, table
 
 if TYPE_CHECKING:
-    from ..config import AuditConfig
+    from pytest_kvaudit.engine.config import AuditConfig
 
 
 def _iv(iv: Any) -> str:

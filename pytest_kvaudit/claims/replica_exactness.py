@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import (
+from pytest_kvaudit.claims.base import (
     FAIL,
     INCONCLUSIVE,
     PASS,

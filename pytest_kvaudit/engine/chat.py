@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
 FLAG = "--kvaudit-chat-template"
 

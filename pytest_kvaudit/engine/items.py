@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import BoundaryRule
-from .errors import KvauditError
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
 
 DEFAULT_ANSWER_REGEX = r"(?:answer is|Answer:|\\boxed\{)\s*([^\s}]+)"
 DEFAULT_BOUNDARY = "</think>"

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import digest, fingerprint_ids
-from .config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
-from .errors import KvauditError
+from pytest_kvaudit.engine.cache import digest, fingerprint_ids
+from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
+from pytest_kvaudit.engine.errors import KvauditError
 
 LEDGER_VERSION = 1
 #: fields that say which model produced a ledger: any difference refuses the audit
@@ -72,7 +72,7 @@ def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:
     if whole and with_transplants:
         u["transplants"] = {f"{t.direction}/all/kv": {"suffix": ids(t.suffix), "followed": t.followed} for t in whole}
         # every transplant continuation's tokens (the sweep's and the controls' too): what a plan needs to price
-        # a re-run exactly (:func:`pytest_kvaudit.pricing.units_of_ledger`); cost bookkeeping, not audited
+        # a re-run exactly (:func:`pytest_kvaudit.engine.pricing.units_of_ledger`); cost bookkeeping, not audited
         u["transplant_tokens"] = sum(len(t.suffix) for t in r.transplants)
     return u
 

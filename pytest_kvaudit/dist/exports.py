@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import KvauditError
-from .files import atomic_write_text
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.files import atomic_write_text
 
 if TYPE_CHECKING:
-    from .config import AuditConfig
-    from .store import Store
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
 
 
 # -- the xdist workers' shards: one file each in the folder the controller handed out ------------------
@@ -54,14 +54,14 @@ def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float |
 def export(store: Store, set_name: str) -> dict[str, Any]:
     """A store's export with what a merge compares across runners: the item set and the options that decide
     the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
-    from .partials import item_set_info, plan_of
+    from pytest_kvaudit.dist.partials import item_set_info, plan_of
 
     return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": plan_of(store.cfg),
             "run_plan": store.plan}
 
 
 def write_partial(folder: Path, share: tuple[int, int], exports: list[dict[str, Any]]) -> Path:
-    from .partials import write
+    from pytest_kvaudit.dist.partials import write
 
     try:
         return write(folder, *share, exports)
@@ -91,7 +91,7 @@ def finish_share(share: tuple[int, int], folder: Path, written: Path | None, err
 
 def merge_shards(cfg: AuditConfig, count: int, folder: Path) -> Store:
     """The store of this run from every xdist worker's shard (waiting for them)."""
-    from .store import Store
+    from pytest_kvaudit.engine.store import Store
 
     got = collect_shards(folder, count)
     if got["error"]:
@@ -104,8 +104,8 @@ def merge_partials(cfg: AuditConfig, folder: Path) -> tuple[AuditConfig, Store]:
     """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
     The run's config becomes the shares' plan (returned), so thresholds, analyses and the report see what a
     single run would have seen."""
-    from . import partials
-    from .store import Store
+    from pytest_kvaudit.dist import partials
+    from pytest_kvaudit.engine.store import Store
 
     parts = partials.load(folder)
     partials.check(parts, folder)

@@ -22,10 +22,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .config import EMBEDDED_DIR, AuditConfig
-from .errors import KvauditError
-from .items import Item, ItemSet
-from .report import atomic_write_text
+from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import Item, ItemSet
+from pytest_kvaudit.engine.files import atomic_write_text
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
@@ -118,7 +118,7 @@ def _show(v: Any) -> str:
 
 def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
     """Refuse shares that are not one run split N ways: one line naming the files and the field that differs."""
-    from .ledger import ENV_FIELDS, MODEL_FIELDS
+    from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
 
     model_fields = ("weights_digest", *(f for f in MODEL_FIELDS if f != "weights_digest"))  # the usual culprit first
 

@@ -18,8 +18,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import KvauditError
-from .items import Item, ItemSet
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import Item, ItemSet
 
 #: How reports and ledgers name this set; bump the version whenever the generated items change.
 BUILTIN_NAME = "builtin:arith-v1"

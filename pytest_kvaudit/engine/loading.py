@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .environment import TORCH_DTYPES, check_dtype_supported, environment, resolve_device
-from .errors import KvauditError
-from .refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
+from pytest_kvaudit.engine.environment import TORCH_DTYPES, check_dtype_supported, environment, resolve_device
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
 
 __all__ = ["ModelHandle", "check_dtype_supported", "environment", "model_identity", "open_model", "resolve_checkpoint",
            "resolve_device"]

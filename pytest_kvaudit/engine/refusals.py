@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
 
 def read_json(path: Path, fix: str) -> Any:

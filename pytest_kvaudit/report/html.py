@@ -1,7 +1,7 @@
 """The human report: claims, their sections, the analyses and figures as one self-contained HTML page.
 
 Built from the JSON report (so it can be re-rendered from a saved one with
-``python -m pytest_kvaudit.html report.json out.html``). Each claim brings its own section: the run hands
+``python -m pytest_kvaudit.report.html report.json out.html``). Each claim brings its own section: the run hands
 over the sections its claims rendered; for a saved report they are rendered by the registered claims.
 """
 
@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import figures as analysis
-from .htmlkit import e, status, table
-from .report import atomic_write_text, display_of, ordered
-from .terminal import LEGEND, fmt_interval
+from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.report import figures as analysis
+from pytest_kvaudit.report.document import display_of, ordered
+from pytest_kvaudit.report.htmlkit import e, status, table
+from pytest_kvaudit.report.terminal import LEGEND, fmt_interval
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -30,7 +31,7 @@ figcaption{font-size:90%;color:#555}code{background:#f6f6f6;padding:0 3px}
 def _claim_section(report: Mapping[str, Any], name: str, given: Mapping[str, str | None]) -> str | None:
     if name in given:
         return given[name]
-    from .claims import base
+    from pytest_kvaudit.claims import base
 
     if name in {c.name for c in base.registered()}:
         return base.get(name).html(report["claims"][name], report)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .report import display_of, ordered
+from pytest_kvaudit.report.document import display_of, ordered
 
 #: how many counterexamples the table shows under a claim (the JSON and HTML carry all of them)
 SHOWN_DETAILS = 3

@@ -7,7 +7,7 @@ import os
 import platform
 from typing import Any
 
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
+from pytest_kvaudit.engine.pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
-    from .config import AuditConfig
-    from .store import Store
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
 
 #: items per precision whose trajectory (and prefill) the calibration runs
 SAMPLE = 8
@@ -112,9 +112,9 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     first, so the model the store computes first stays loaded. Counted apart from the store's cost."""
     import torch
 
-    from .cells import prompt_ids
-    from .config import BoundaryRule
-    from .constructions import Cost, Decoder, continue_greedy, trajectory
+    from pytest_kvaudit.engine.cells import prompt_ids
+    from pytest_kvaudit.engine.config import BoundaryRule
+    from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
 
     def sync(dev: Any) -> None:
         if getattr(dev, "type", "") == "cuda":
@@ -229,7 +229,7 @@ def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | 
 
 def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
     """What the run will have of each kind of evidence the claims name: (at most, expected)."""
-    from .config import LOW_PRECISION
+    from pytest_kvaudit.engine.config import LOW_PRECISION
 
     d = len(cfg.dtypes)
     low = [x for x in cfg.dtypes if x in LOW_PRECISION]
@@ -261,9 +261,9 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
 def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapping[str, float]],
               workers: int = 1, sample: int = SAMPLE) -> dict[str, Any]:
     """The plan of ``store``'s run over its whole item set (every shard), after a short calibration."""
-    from .cells import chars_per_token, prompt_ids, surely_too_long
-    from .claims.base import least_units
-    from .environment import environment
+    from pytest_kvaudit.claims.base import least_units
+    from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
+    from pytest_kvaudit.engine.environment import environment
 
     cfg, iset = store.cfg, store.item_set
     # a sample of 0 (what a normal run's report block uses) runs no calibration at all: every trajectory of
@@ -354,7 +354,7 @@ def run_key(cfg: AuditConfig) -> str:
     import json
     from pathlib import Path
 
-    from .partials import plan_of
+    from pytest_kvaudit.dist.partials import plan_of
 
     model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model
     return json.dumps([model, plan_of(cfg)], sort_keys=True, default=list)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cache as kv
-from .config import BoundaryRule
-from .errors import KvauditError
-from .items import find_boundary
-from .schedules import schedule  # noqa: F401  (re-exported: the old home of schedule())
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import find_boundary
+from pytest_kvaudit.engine.schedules import schedule  # noqa: F401  (re-exported: the old home of schedule())
 
 
 @dataclass

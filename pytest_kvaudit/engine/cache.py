@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnsupportedCacheError
+from pytest_kvaudit.engine.errors import UnsupportedCacheError
 
 _CACHE_KWARG: dict[type, str] = {}
 

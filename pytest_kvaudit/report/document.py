@@ -9,10 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import atomic_write_text  # noqa: F401  (re-exported: its first home)
-
 if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
-    from .claims.base import ClaimResult
+    from pytest_kvaudit.claims.base import ClaimResult
 
 SCHEMA_VERSION = 1
 
@@ -72,7 +70,7 @@ def build(
 
 
 def _finite(x: Any) -> Any:
-    from .claims.base import finite
+    from pytest_kvaudit.claims.base import finite
 
     return finite(x)
 
@@ -92,12 +90,12 @@ def _default(o: Any) -> Any:
 def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
     """How claim ``name`` shows itself: from the report's display block, else from the registered claim
     (a report written before the block existed), else the plain reason."""
-    from .claims.base import USER_ORDER, ClaimResult
+    from pytest_kvaudit.claims.base import USER_ORDER, ClaimResult
 
     shown = report.get("display", {}).get(name)
     if shown is not None:
         return dict(shown)
-    from .claims import base
+    from pytest_kvaudit.claims import base
 
     c = report["claims"][name]
     if name in {cl.name for cl in base.registered()}:
@@ -107,14 +105,14 @@ def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def ordered(report: Mapping[str, Any]) -> list[str]:
     """Claim names in display order: the paper's, then users' claims by name."""
-    from .claims.base import USER_ORDER
+    from pytest_kvaudit.claims.base import USER_ORDER
 
     return sorted(report["claims"], key=lambda n: (display_of(report, n).get("order", USER_ORDER), n))
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """A recorded report: a report JSON file, or a snapshots/<slug>/ folder holding report.json."""
-    from .errors import KvauditError
+    from pytest_kvaudit.engine.errors import KvauditError
 
     p = path / "report.json" if path.is_dir() else path
     if not p.is_file():
@@ -135,7 +133,7 @@ def _rates(report: Mapping[str, Any], name: str) -> dict[str, tuple[int, int]]:
 
 def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """What changed from a baseline run: verdicts, and rates that left the baseline's 95% Wilson interval."""
-    from .stats import wilson_interval
+    from pytest_kvaudit.claims.stats import wilson_interval
 
     changes: list[dict[str, Any]] = []
     for name in ordered(current):

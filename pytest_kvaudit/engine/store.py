@@ -17,20 +17,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import probes
-from .cells import CellBuilder, prompt_ids
-from .config import EMBEDDED_DIR, AuditConfig, BoundaryRule
-from .constructions import NO_FAULTS, Cost, Decoder, Faults
-from .errors import KvauditError
-from .items import Item, ItemSet, load_item_set
-from .loading import ModelHandle, environment, open_model, resolve_checkpoint
-from .progress import Tally
-from .records import CellRecord, Transplant, sweep_subsets
-from .workqueue import LostItem, WorkQueue, within
+from pytest_kvaudit.dist.queue import LostItem, WorkQueue, within
+from pytest_kvaudit.engine import probes
+from pytest_kvaudit.engine.cells import CellBuilder, prompt_ids
+from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.decoder import NO_FAULTS, Cost, Decoder, Faults
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
+from pytest_kvaudit.engine.loading import ModelHandle, environment, open_model, resolve_checkpoint
+from pytest_kvaudit.engine.records import CellRecord, Transplant, sweep_subsets
+from pytest_kvaudit.engine.tally import Progress, Tally
 
 __all__ = ["CellRecord", "Progress", "Store", "Transplant", "shard", "sweep_subsets"]
 
-Progress = Callable[[Tally], None]
+
 
 
 def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
@@ -66,7 +66,7 @@ class Store:
         if not cfg.items and (local / "items.jsonl").is_file():
             cfg = cfg.replace(items=str(local / "items.jsonl"))
         if not cfg.items:  # a checkpoint without an item set: the built-in one, named in the report
-            from .builtin_items import builtin_item_set
+            from pytest_kvaudit.engine.builtin_items import builtin_item_set
 
             iset = builtin_item_set(cfg.n)
             over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
@@ -113,7 +113,7 @@ class Store:
 
     def minimal_tokens(self) -> int:
         """The least forward tokens the claims need over this store's records (:mod:`.minimal`)."""
-        from .minimal import minimal_tokens
+        from pytest_kvaudit.claims.needs import minimal_tokens
 
         return sum(minimal_tokens(self.records.values(), self.cfg.donor_max_units, self.cfg.primary_dtype).values())
 
@@ -266,7 +266,7 @@ class Store:
 
 
 def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:
-    from .ledger import ENV_FIELDS, MODEL_FIELDS
+    from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
 
     def ident(e: dict[str, Any]) -> dict[str, Any]:
         env, model = e.get("environment") or {}, e.get("identity") or {}

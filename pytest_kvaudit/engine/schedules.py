@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
 #: (prompt_len, length, argument or None) -> chunk lengths summing to length
 ScheduleFn = Callable[[int, int, "int | None"], list[int]]

@@ -10,9 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import KvauditError
+from pytest_kvaudit.engine.errors import KvauditError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # pytest_kvaudit/, this file being in engine/
 # Installed wheels carry the checkpoint as package data; a source checkout keeps it in fixtures/.
 EMBEDDED_DIR = next(
     (p for p in (PACKAGE_DIR / "embedded", PACKAGE_DIR.parent / "fixtures" / "embedded") if p.is_dir()),

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .schedules import schedule
+from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
-    from .config import AuditConfig
+    from pytest_kvaudit.engine.config import AuditConfig
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
 def transplants_per_unit(sweep: bool, n_layers: int) -> int:
     """Continuations on one divergent unit: all layers both ways (and the sweep's subsets both ways), two
     shams, and (at most) two transplants of the identical layers."""
-    from .cells import sweep_subsets
+    from pytest_kvaudit.engine.cells import sweep_subsets
 
     return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2
 
@@ -238,12 +238,12 @@ def batch_probe_tokens(head: int, index: int, prompts: Sequence[int | None], cfg
 
 def ledger_prediction(cfg: AuditConfig, identity: Mapping[str, Any], env: Mapping[str, Any],
                       prompts: Mapping[str, int | None], n_layers: int) -> dict[str, Any]:
-    """The run priced on the lengths of its recorded ledger (:func:`pytest_kvaudit.ledger.default_path`), when
+    """The run priced on the lengths of its recorded ledger (:func:`pytest_kvaudit.engine.ledger.default_path`), when
     one was recorded for this model and these settings. In the environment that recorded it a run
     reproduces every trajectory bit for bit (what ``ledger_audit`` asserts), so the price is the run's
     forward tokens exactly; ``usable`` says whether it applies and ``why`` when not."""
-    from . import ledger as L
-    from .errors import KvauditError
+    from pytest_kvaudit.engine import ledger as L
+    from pytest_kvaudit.engine.errors import KvauditError
 
     path = L.default_path(cfg.snapshots, cfg.model)
     out: dict[str, Any] = {"path": str(path), "usable": False}

@@ -39,7 +39,7 @@ def construction_tokens(prefix_len: int, suffix_len: int) -> int:
 
 def minimal_tokens(records: Iterable[Any], donor_max_units: int, primary_dtype: str | None = None) -> dict[str, int]:
     """Forward tokens per kind of work the claims need, over ``records`` (a store's, in item order)."""
-    from .claims.donor_following import donor_units
+    from pytest_kvaudit.claims.donor_following import donor_units
 
     recs = [r for r in records if not r.error]
     parts = dict.fromkeys(PARTS, 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .stats import wilson_interval
+from pytest_kvaudit.claims.stats import wilson_interval
 
 
 def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import cache as kv
-from .config import BoundaryRule
-from .constructions import Decoder, continue_greedy, trajectory
-from .items import Item
-from .loading import ModelHandle
-from .schedules import schedule
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
+from pytest_kvaudit.engine.items import Item
+from pytest_kvaudit.engine.loading import ModelHandle
+from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
-    from .records import CellRecord
-    from .store import Store
+    from pytest_kvaudit.engine.records import CellRecord
+    from pytest_kvaudit.engine.store import Store
 
 
 def audited(store: Store, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
@@ -104,7 +104,7 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
     """The item's boundary state computed alone vs as one row of a left-padded batch of others."""
     import torch
 
-    from .cells import chars_per_token, prompt_ids, surely_too_long
+    from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
 
     b, all_items = store.cfg.batch_size, store.item_set.items
     per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None

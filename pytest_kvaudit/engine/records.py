@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import cache as kv
-from .constructions import Continuation
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.decoder import Continuation
 
 #: the constructions every cell computes besides ``live``; ``--kvaudit-chunks`` adds ``chunked(c)``
 BASE_CONSTRUCTIONS = ("prefill", "incremental")

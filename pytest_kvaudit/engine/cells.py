@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import cache as kv
-from .chat import chat_prompt_ids
-from .config import AuditConfig, BoundaryRule
-from .constructions import Continuation, Cost, Decoder, continue_greedy, trajectory
-from .errors import UnsupportedCacheError
-from .items import Item, ItemSet, extract_answer
-from .records import (  # noqa: F401  (re-exported: the records' first home)
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.chat import chat_prompt_ids
+from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.decoder import Continuation, Cost, Decoder, continue_greedy, trajectory
+from pytest_kvaudit.engine.errors import UnsupportedCacheError
+from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer
+from pytest_kvaudit.engine.records import (  # noqa: F401  (re-exported: the records' first home)
     BASE_CONSTRUCTIONS,
     DONOR,
     IDENTICAL,
@@ -44,7 +44,7 @@ from .records import (  # noqa: F401  (re-exported: the records' first home)
     Transplant,
     sweep_subsets,
 )
-from .schedules import schedule
+from pytest_kvaudit.engine.schedules import schedule
 
 
 def chars_per_token(tokenizer: Any) -> int | None:
