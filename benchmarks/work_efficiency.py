@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     order = [it.id for it in store.item_set.items]
     from pytest_kvaudit.claims.needs import minimal_tokens
 
-    needed = minimal_tokens(records, cfg.donor_max_units, primary)
+    needed = minimal_tokens(registered(), records, cfg)
+    minimal = sum(needed.values())
     parts = reconstruct_store(records, by, primary, order)
     rebuilt = sum(parts.values())
     # the judged claims of this kvaudit version (ledger_audit reads a saved ledger)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     unpriced = [c for c in claims if c not in naive]
     naive_total = sum(naive.values())
     naive5 = sum(v for k, v in naive.items() if k in PAPER_CLAIMS)
-    ratio_min = cost.forward_tokens / cost.minimal_forward_tokens if cost.minimal_forward_tokens else float("nan")
+    ratio_min = cost.forward_tokens / minimal if minimal else float("nan")
     ratio_naive = cost.forward_tokens / naive_total if naive_total else float("nan")
     eligible = sum(r.eligible for r in records)
     donors = sum(bool(r.transplants) for r in records)
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{donors} with transplants; compute {cost.seconds:.1f}s, wall {wall:.1f}s\n")
     t1 = C.table("work efficiency (forward tokens, one run)", ["measure", "tokens", "store tokens / this"], [
         ["store forward_tokens (measured)", cost.forward_tokens, 1.0],
-        ["least the claims need (store.cost.minimal_forward_tokens)", cost.minimal_forward_tokens, ratio_min],
+        ["least the claims need (claims' needs)", minimal, ratio_min],
         ["store tokens reconstructed from records", rebuilt,
          cost.forward_tokens / rebuilt if rebuilt else float("nan")],
         [f"naive suite: {len(naive)} claims, each regenerating", naive_total, ratio_naive],
@@ -190,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ])
     other = cost.forward_tokens - rebuilt
     t0 = C.table("the least the claims need (pytest_kvaudit.claims.needs), by kind of work", ["work", "tokens", "share"],
-                 [[k, v, v / cost.minimal_forward_tokens if cost.minimal_forward_tokens else float("nan")]
-                  for k, v in needed.items()] + [["sum (= store.cost.minimal_forward_tokens)", sum(needed.values()), 1.0]])
+                 [[k, v, v / minimal if minimal else float("nan")]
+                  for k, v in needed.items()] + [["sum (= claims' needs)", sum(needed.values()), 1.0]])
     t3 = C.table("store tokens by kind of work (reconstructed from the records)", ["work", "tokens", "share"],
                  [[k, v, v / cost.forward_tokens] for k, v in parts.items() if v]
                  + [["unattributed (work this benchmark does not know)", other, other / cost.forward_tokens]])
@@ -213,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sum(len(t.suffix) for r in records for t in r.transplants if t.kind == "donor" and not t.whole)
     # unattributed work stays in: a cell computed twice by mistake must show (attention axes show there too)
     analyses_only = sweep + parts["batch invariance"]
-    ratio_claims = ((cost.forward_tokens - analyses_only) / cost.minimal_forward_tokens
-                    if cost.minimal_forward_tokens else float("nan"))
+    ratio_claims = ((cost.forward_tokens - analyses_only) / minimal
+                    if minimal else float("nan"))
     print(f"forward_tokens / minimal = {ratio_min:.3f} in all; {analyses_only:,} tokens only analyses read (layer "
           f"sweep {sweep:,}, probes {analyses_only - sweep:,}); the claims' own work is {ratio_claims:.3f}x the least "
           "they need (above 1: donor units computed beyond the judged ones, e.g. per shard)")
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                    "sweep_units": getattr(cfg, "sweep_units", None)},
         "cells": len(records), "eligible": eligible, "cells_with_transplants": donors,
         "forward_calls": cost.forward_calls, "forward_tokens": cost.forward_tokens,
-        "minimal_forward_tokens": cost.minimal_forward_tokens, "reconstructed_tokens": rebuilt,
+        "minimal_forward_tokens": minimal, "reconstructed_tokens": rebuilt,
         "reconstruction_consistent": consistent, "naive_by_claim": naive, "claims_not_priced": unpriced,
         "naive_total": naive_total, "naive_paper_claims_total": naive5,
         "ratio_minimal": ratio_min, "ratio_claims_work": ratio_claims, "analyses_only_tokens": analyses_only,

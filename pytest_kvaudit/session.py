@@ -159,7 +159,7 @@ class KvauditSession:
         The workers take items one at a time from a queue in the shard folder (work stealing,
         :mod:`.workqueue`) rather than a fixed round-robin shard: divergent items cost several times a plain
         one, so fixed shares leave one worker waiting for the other. Records are merged back into a single
-        run's order by :meth:`Store.merged`, whoever computed them."""
+        run's order by :func:`pytest_kvaudit.dist.merge.merged`, whoever computed them."""
         from pytest_kvaudit.dist.exports import write_shard, write_shard_error
 
         assert self.shard is not None
@@ -186,13 +186,13 @@ class KvauditSession:
                 self.error = str(exc)
 
     def _merge_shards(self) -> Store:
-        from pytest_kvaudit.dist.exports import merge_shards
+        from pytest_kvaudit.dist.merge import merge_shards
 
         assert self.shard is not None
         return merge_shards(self.config, self.shard[1], self.shard[2])
 
     def _merge_partials(self) -> Store:
-        from pytest_kvaudit.dist.exports import merge_partials
+        from pytest_kvaudit.dist.merge import merge_partials
 
         assert self.merge is not None
         self.config, store = merge_partials(self.config, self.merge)
@@ -284,17 +284,22 @@ def uses_store(item: pytest.Item) -> bool:
 
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller)."""
+    from pytest_kvaudit.claims import registered
     from pytest_kvaudit.claims.analyses import build as analyses
+    from pytest_kvaudit.claims.needs import minimal_tokens
     from pytest_kvaudit.engine.pricing import price
     from pytest_kvaudit.report.document import items_block
 
+    # the least work is what every registered claim needs, whichever this run selected: the overhead figure
+    # must not move with -k
+    minimal = sum(minimal_tokens(registered(), list(store.records.values()), store.cfg).values())
     return {
         "analyses": analyses(list(store.records.values()), config.sweep_units),
         "model": store.identity,
         "environment": store.environment,
         "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store)},
-        "cost": {**{k: getattr(store.cost, k) for k in ("forward_calls", "forward_tokens", "minimal_forward_tokens",
-                                                        "seconds")}, "stages": dict(store.stages)},
+        "cost": {"forward_calls": store.cost.forward_calls, "forward_tokens": store.cost.forward_tokens,
+                 "minimal_forward_tokens": minimal, "seconds": store.cost.seconds, "stages": dict(store.stages)},
         # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens
         "plan": {**store.plan, "priced_after_run": price(store.records.values())} if store.plan else {},
     }

@@ -156,7 +156,7 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
 
 
 def test_xdist_shards_from_two_environments_are_refused() -> None:
-    from pytest_kvaudit.engine.store import check_one_environment
+    from pytest_kvaudit.dist.merge import check_one_environment
 
     def export(gpu: str, digest: str = "sha256:a") -> dict:
         return {"records": [{}], "environment": {"device": "cuda", "device_name": gpu},

@@ -109,10 +109,20 @@ class Claim:
     title: ClassVar[str] = ""
     #: every tunable with its default; a ``kvaudit_claim`` marker or an ini line overrides any of them
     thresholds: ClassVar[dict[str, Threshold]] = {}
-    #: the least evidence the claim needs, in words (the thresholds hold the numbers; :meth:`needs` says them)
+    #: the least evidence the claim needs, in words (the thresholds hold the numbers; :meth:`least_evidence` says them)
     evidence: ClassVar[str] = ""
     #: names of keyword inputs the claim's test passes to ``kvaudit_judge.claim`` (e.g. ``snapshot``)
     inputs: ClassVar[tuple[str, ...]] = ()
+    #: what the engine must compute for this claim: groups of the cell's steps (:data:`.pipeline.GROUPS`:
+    #: trajectory, replicas, constructions, fixed, transplants, controls), priced on :meth:`units`. The run
+    #: computes more (the layer sweep, the probes); the union of the claims' needs is the least work, the
+    #: denominator of the run's overhead figure.
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    def units(self, records: list[CellRecord], config: AuditConfig) -> list[CellRecord]:
+        """The records whose ``needs`` are this claim's work: all by default (a claim judging a subset, such as
+        the first divergent units, narrows it)."""
+        return records
 
     def defaults(self, config: AuditConfig) -> dict[str, float]:
         """Threshold defaults, some of which may come from the run's config."""
@@ -131,7 +141,7 @@ class Claim:
                     raise KvauditError(f"claim {self.name}: threshold {k}={v!r} is not a number") from None
         return th
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         """The least evidence below which the claim is inconclusive, as numbers a plan can set against what
         it will compute: ``{what: amount}`` (units, or a rate such as ``label_rate``). By default the
         ``min_units`` threshold, when the claim has one."""
@@ -189,11 +199,11 @@ def register(cls: C) -> C:
 def least_units(claim: Claim | str, thresholds: Mapping[str, Any] | None = None,
                 config: AuditConfig | None = None) -> dict[str, float | None]:
     """What ``claim`` needs to decide, with its default thresholds (from ``config`` where they depend on it)
-    overridden by ``thresholds``: ``{what: amount}``, as :meth:`Claim.needs` says it."""
+    overridden by ``thresholds``: ``{what: amount}``, as :meth:`Claim.least_evidence` says it."""
     from pytest_kvaudit.engine.config import AuditConfig
 
     c = get(claim) if isinstance(claim, str) else claim
-    return c.needs(c.resolve(config or AuditConfig(), thresholds or {}))
+    return c.least_evidence(c.resolve(config or AuditConfig(), thresholds or {}))
 
 
 def get(name: str) -> Claim:

@@ -24,12 +24,13 @@ from pytest_kvaudit.report.htmlkit import e, section, status, table
 @register
 class BridgeBitexact(Claim):
     name = "bridge_bitexact"
+    needs = ("trajectory", "constructions")
     order = 40
     title = "Bridge: incremental vs live"
     thresholds = {"min_units": Threshold(12, "least eligible items compared", "items x precisions")}
     evidence = "min_units eligible (item, precision) units whose cache is plain per-layer K/V"
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"items_x_precisions": int(thresholds["min_units"])}
 
     def judge(self, ev: Evidence) -> ClaimResult:

@@ -4,7 +4,7 @@ controls (a sham transplant, a transplant of only the bit-identical layers) flip
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.claims.analyses import layer_sweep
 from pytest_kvaudit.claims.base import (
@@ -23,6 +23,9 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.report.htmlkit import e, section, table
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.engine.config import AuditConfig
 
 DIRECTIONS = ("live_to_prefill", "prefill_to_live")
 #: the controls as the report names them -> the transplant kind that carries them (see cells.transplants)
@@ -46,6 +49,7 @@ class DonorFollowing(Claim):
     (an analysis, not a pass rule), which layer subsets were sufficient on every swept unit."""
 
     name = "donor_following"
+    needs = ("transplants", "controls")
     order = 60
     title = "Transplant: all-layer K/V, both directions"
     thresholds = {
@@ -54,7 +58,10 @@ class DonorFollowing(Claim):
     }
     evidence = "min_units divergent units per direction, on a model whose cache is plain per-layer K/V"
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def units(self, records: list[Any], config: AuditConfig) -> list[Any]:
+        return donor_units(records, config.donor_max_units)
+
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"divergent_units_per_direction": int(thresholds["min_units"])}
 
     def judge(self, ev: Evidence) -> ClaimResult:

@@ -52,6 +52,7 @@ class FixedPrefix2x2(Claim):
     """
 
     name = "fixed_prefix_2x2"
+    needs = ("trajectory", "constructions", "fixed")
     order = 30
     title = "Fixed-prefix 2x2"
     thresholds = {
@@ -63,7 +64,7 @@ class FixedPrefix2x2(Claim):
     evidence = ("a low and a high precision; at the high one, enough fixed-prefix units for the Wilson upper bound "
                 "to clear max_rate; at each low one, min_recurring matched divergences on the fixed prefix ids")
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         # None: no number of units clears max_rate (a max_rate of 0)
         return {"units_per_high_precision": least_units_for_upper(thresholds["max_rate"], 0, thresholds["confidence"]),
                 "divergent_units_per_low_precision": int(thresholds["min_recurring"])}

@@ -18,6 +18,7 @@ from pytest_kvaudit.engine.errors import KvauditError
 @register
 class LedgerAudit(Claim):
     name = "ledger_audit"
+    needs = ("trajectory", "constructions", "fixed")
     order = 50
     title = "Ledger audit"
     thresholds = {"min_units": Threshold(1, "least units both recorded and run", "units")}

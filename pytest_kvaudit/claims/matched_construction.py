@@ -37,6 +37,7 @@ def _iv(iv: Any) -> str:
 @register
 class MatchedConstruction(Claim):
     name = "matched_construction"
+    needs = ("trajectory", "constructions")
     order = 20
     title = "Matched experiment: live vs prefill of identical ids"
     thresholds = {
@@ -54,7 +55,7 @@ class MatchedConstruction(Claim):
     def defaults(self, config: AuditConfig) -> dict[str, float]:
         return {**super().defaults(config), "seed": float(config.seed)}
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"eligible_items_per_precision": int(thresholds["min_units"]),
                 "label_rate": float(thresholds["min_label_rate"])}
 

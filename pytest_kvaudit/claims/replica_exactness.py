@@ -22,12 +22,13 @@ from pytest_kvaudit.claims.base import (
 @register
 class ReplicaExactness(Claim):
     name = "replica_exactness"
+    needs = ("trajectory", "constructions", "replicas")
     order = 10
     title = "Replicas: the same cell computed twice"
     thresholds = {"min_units": Threshold(12, "least replica pairs compared", "replica pairs")}
     evidence = "min_units replica pairs (item x construction x precision) compared"
 
-    def needs(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"replica_pairs": int(thresholds["min_units"])}
 
     def judge(self, ev: Evidence) -> ClaimResult:

@@ -50,7 +50,7 @@ def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float |
     return {"exports": exports, "dead": sorted(dead), "error": error}
 
 
-# -- a runner's share and the merges ------------------------------------------------------------------
+# -- a runner's shard ------------------------------------------------------------------
 def export(store: Store, set_name: str) -> dict[str, Any]:
     """A store's export with what a merge compares across runners: the item set and the options that decide
     the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
@@ -87,32 +87,3 @@ def finish_share(share: tuple[int, int], folder: Path, written: Path | None, err
     if written is None:
         return f"FAILED: shard {i}/{n} not recorded: {error or 'no kvaudit test ran'}", None
     return f"shard {i}/{n} recorded to {written}: judge all {n} with --kvaudit-merge={folder}", written
-
-
-def merge_shards(cfg: AuditConfig, count: int, folder: Path) -> Store:
-    """The store of this run from every xdist worker's shard (waiting for them)."""
-    from pytest_kvaudit.engine.store import Store
-
-    got = collect_shards(folder, count)
-    if got["error"]:
-        raise KvauditError(got["error"])
-    cfg, item_set = Store.resolve(cfg)
-    return Store.merged(cfg, item_set, got["exports"])
-
-
-def merge_partials(cfg: AuditConfig, folder: Path) -> tuple[AuditConfig, Store]:
-    """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
-    The run's config becomes the shares' plan (returned), so thresholds, analyses and the report see what a
-    single run would have seen."""
-    from pytest_kvaudit.dist import partials
-    from pytest_kvaudit.engine.store import Store
-
-    parts = partials.load(folder)
-    partials.check(parts, folder)
-    head = parts[0][1]
-    cfg = partials.config(head, cfg)
-    store = Store.merged(cfg, partials.item_set(head), partials.exports(parts))
-    if store.missing:
-        raise KvauditError(f"kvaudit merge: the partials in {folder} lack {len(store.missing)} items of the set "
-                           f"(first {store.missing[0]!r}): re-run the share that should hold it")
-    return cfg, store

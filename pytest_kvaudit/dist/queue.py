@@ -26,17 +26,12 @@ import time
 from pathlib import Path
 
 
-def within(granted: int, budgets: tuple[int, ...]) -> tuple[bool, ...]:
-    """Whether each budget still has room after ``granted`` units."""
-    return tuple(granted < b for b in budgets)
-
-
-class LostItem(Exception):
-    """The item's first-precision cell died with its worker: the item is missing from the run."""
+from pytest_kvaudit.engine.work import LostItem, within
 
 
 class WorkQueue:
-    """One run's queue over ``size`` items, shared by the workers through ``folder``."""
+    """One run's queue over ``size`` items, shared by the workers through ``folder``: a
+    :class:`~pytest_kvaudit.engine.work.WorkSource`."""
 
     def __init__(self, folder: Path, worker: int, size: int, poll: float = 0.05, timeout: float = 3600.0) -> None:
         self.folder, self.worker, self.size = folder, worker, size

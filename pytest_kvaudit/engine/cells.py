@@ -1,6 +1,8 @@
-"""One cell: an item at one precision, computed in named steps, and the typed record it leaves.
+"""One cell: an item at one precision, computed in the steps :mod:`.pipeline` declares, and the typed
+record it leaves.
 
-The steps, top to bottom (:meth:`CellBuilder.compute`):
+The steps, top to bottom (:meth:`CellBuilder.compute`; the constructions and the 2x2's cells are read from
+the pipeline's declaration, so a registered schedule runs here with nothing else to edit):
 
 1. ``trajectory``: greedy generation with a retained cache; the boundary fixes the prefix ids, and the
    live boundary state is kept. An item that never reaches its boundary stops here, ineligible.
@@ -30,8 +32,8 @@ from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation, Cost, Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer
-from pytest_kvaudit.engine.records import (  # noqa: F401  (re-exported: the records' first home)
-    BASE_CONSTRUCTIONS,
+from pytest_kvaudit.engine.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions
+from pytest_kvaudit.engine.records import (
     DONOR,
     IDENTICAL,
     SHAM,
@@ -39,8 +41,6 @@ from pytest_kvaudit.engine.records import (  # noqa: F401  (re-exported: the rec
     TAIL_TOKENS,
     TOO_LONG,
     CellRecord,
-    Comparison,
-    Probes,
     Transplant,
     sweep_subsets,
 )
@@ -128,7 +128,7 @@ class CellBuilder:
         return rec, tr.prefix
 
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
-        self.dec.path = "live"
+        self.dec.path = LIVE.name
         tr = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode, keep_state=True)
         rec = CellRecord(item.id, dtype, tr.prompt_ids, tr.generated, tr.boundary, tr.reason, item.answer)
         if tr.boundary is None:
@@ -138,49 +138,46 @@ class CellBuilder:
                 kv.check_plain_kv(tr.state)
             except UnsupportedCacheError as exc:
                 rec.unsupported = str(exc)
-            rec.constructions["live"] = self.labelled(rec, tr.suffix, tr.state_fp or "", tr.logits_fp or "",
+            rec.constructions[LIVE.name] = self.labelled(rec, tr.suffix, tr.state_fp or "", tr.logits_fp or "",
                                                       tr.margins, tr.generated[: tr.boundary])
         return rec, tr
 
     def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
         """The same construction a second time: the whole trajectory, regenerated."""
-        self.dec.path = "live:replica"
+        self.dec.path = LIVE_REPLICA.name
         rep = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode)
         if rep.boundary == boundary and rep.reason is None:
             c = self.labelled(rec, rep.suffix, rep.state_fp or "", rep.logits_fp or "", (), rep.generated[: rep.boundary])
         else:
             c = Continuation(rep.generated, rep.state_fp or "", "", None, False)
-        rec.constructions["live:replica"] = c
+        rec.constructions[LIVE_REPLICA.name] = c
 
     def constructions(self, rec: CellRecord, prompt: tuple[int, ...], head: list[int], last: int, budget: int,
                       live_state: Any) -> Any:
-        """prefill (and its replica), incremental (compared with the live state), chunked(c); returns the
-        prefill boundary state for the anatomy and the transplants."""
-        names = [*BASE_CONSTRUCTIONS, *(f"chunked({c})" for c in self.cfg.chunks)]
-        prefill_state = None
-        for name in names:
-            against = live_state if name == "incremental" and rec.unsupported is None else None
-            cont, state = self.construction(rec, name, prompt, head, last, budget, name, keep=name == "prefill",
-                                            against=against)
-            rec.constructions[name] = cont
-            if name == "prefill":
-                prefill_state = state
-                rec.constructions["prefill:replica"], _ = self.construction(rec, "prefill", prompt, head, last, budget,
-                                                                            "prefill:replica")
-        return prefill_state
+        """Every construction the pipeline declares (:func:`.pipeline.constructions`); returns the boundary
+        state kept for the anatomy and the transplants (prefill's)."""
+        kept = None
+        for step in constructions(self.cfg):
+            against = live_state if step.bridge and rec.unsupported is None else None
+            cont, state = self.construction(rec, step, prompt, head, last, budget, against=against)
+            rec.constructions[step.name] = cont
+            if step.keep:
+                kept = state
+        return kept
 
-    def construction(self, rec: CellRecord, name: str, prompt: Sequence[int], ids: Sequence[int], last: int,
-                     budget: int, path: str, keep: bool = False, against: Any = None) -> tuple[Continuation, Any]:
-        """Build ``name``'s state over ``ids`` -> fingerprint -> continue from ``last`` -> extract the label."""
-        self.dec.path = path
-        state = self.dec.build_state(ids, schedule(name, len(prompt), len(ids)))
+    def construction(self, rec: CellRecord, step: Step, prompt: Sequence[int], ids: Sequence[int], last: int,
+                     budget: int, against: Any = None) -> tuple[Continuation, Any]:
+        """Build ``step``'s state over ``ids`` in its schedule -> fingerprint -> continue from ``last`` -> extract
+        the label; the state is returned when the step keeps it."""
+        self.dec.path = step.name
+        state = self.dec.build_state(ids, schedule(step.schedule, len(prompt), len(ids)))
         if against is not None:
             rec.comparison.bridge_mismatch = [
                 f"{c.layer}:{part}" for c in kv.compare(state, against)
                 for part, same in (("k", c.keys_equal), ("v", c.values_equal)) if not same
             ]
         fp = kv.fingerprint(state)
-        kept = kv.clone(state) if keep else None
+        kept = kv.clone(state) if step.keep else None
         margins: list[float] = []
         suffix, lfp = continue_greedy(self.dec, state, last, budget, margins)
         # the label reads the generated part of the prefix this continuation extends
@@ -203,10 +200,8 @@ class CellBuilder:
         budget = self.item_set.max_new_tokens - (len(fixed) - len(prompt))
         if budget > 0 and len(fixed) >= 2:
             ids, last = list(fixed[:-1]), fixed[-1]
-            rec.fixed = {
-                "replay": self.construction(rec, "incremental", prompt, ids, last, budget, "fixed:replay")[0],
-                "prefill": self.construction(rec, "prefill", prompt, ids, last, budget, "fixed:prefill")[0],
-            }
+            rec.fixed = {step.name.split(":")[1]: self.construction(rec, step, prompt, ids, last, budget)[0]
+                         for step in FIXED}
 
     def anatomy(self, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
         if rec.unsupported is None:

@@ -20,18 +20,16 @@ from pytest_kvaudit.engine.schedules import schedule  # noqa: F401  (re-exported
 
 @dataclass
 class Cost:
-    """Forward calls and tokens actually run, and the least the claims need (:mod:`.minimal`: priced from
-    the plan and the records, never counted by the code that runs the forwards)."""
+    """Forward calls and tokens actually run, counted where they run (the least the claims need is priced
+    apart, from the claims' declared needs: :mod:`pytest_kvaudit.claims.needs`)."""
 
     forward_calls: int = 0
     forward_tokens: int = 0
-    minimal_forward_tokens: int = 0
     seconds: float = 0.0
 
     def merge(self, other: Cost) -> None:
         self.forward_calls += other.forward_calls
         self.forward_tokens += other.forward_tokens
-        self.minimal_forward_tokens += other.minimal_forward_tokens
         self.seconds += other.seconds
 
 

@@ -23,7 +23,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine.schedules import schedule
+from pytest_kvaudit.engine.pipeline import (
+    FIXED,
+    LIVE,
+    LIVE_REPLICA,
+    TRANSPLANT,
+    constructions,
+    replica_generated,
+    step_named,
+)
+from pytest_kvaudit.engine.records import sweep_subsets
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -53,13 +62,18 @@ def add(acc: dict[str, list[int]], key: str, calls: int, tokens: int) -> None:
 
 
 def _construction(acc: dict[str, list[int]], key: str, name: str, prompt: int, head: int, suffix: int) -> None:
-    """A boundary state over ``head`` ids in ``name``'s schedule, then ``suffix`` decode steps."""
-    calls = len(schedule(name, prompt, head)) if head >= 1 else 0
-    add(acc, key, calls + suffix, head + suffix)
+    """A boundary state over ``head`` ids in the schedule of the step ``name``, then ``suffix`` decode steps."""
+    add(acc, key, *step_named(name).price(prompt, head, suffix))
 
 
 def _trajectory(acc: dict[str, list[int]], key: str, prompt: int, gen: int) -> None:
-    add(acc, key, max(gen, 1), prompt + max(gen - 1, 0))
+    add(acc, key, *LIVE.price(prompt, gen))
+
+
+def _fixed(acc: dict[str, list[int]], prompt: int, head: int, suffixes: tuple[int, int]) -> None:
+    """The 2x2's own two cells on the first precision's ``head`` ids."""
+    for step, s in zip(FIXED, suffixes):
+        add(acc, step.group, *step.price(prompt, head, s))
 
 
 def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, sweep: bool, n_layers: int,
@@ -68,22 +82,21 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     lengths (its prefix fixes the 2x2's ids), ``donor``/``sweep`` whether this unit gets transplants (it is
     divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width."""
     acc: dict[str, list[int]] = {}
-    _trajectory(acc, "live", x.prompt, x.gen)
+    _trajectory(acc, LIVE.name, x.prompt, x.gen)
     if primary is not None and primary.eligible:
         # the 2x2's own cells on the first precision's prefix (also where this precision is ineligible)
         head = primary.prompt + primary.boundary - 1
         s = x.suffix if x.eligible else primary.suffix
-        _construction(acc, "fixed_prefix_2x2", "incremental", x.prompt, head, s)
-        _construction(acc, "fixed_prefix_2x2", "prefill", x.prompt, head, s)
+        _fixed(acc, x.prompt, head, (s, s))
     if not x.eligible:
         return acc
     head = x.prompt + x.boundary - 1
-    _trajectory(acc, "live:replica", x.prompt, x.gen)
-    for name in ("prefill", "prefill:replica", "incremental", *(f"chunked({c})" for c in cfg.chunks)):
-        _construction(acc, name, name.split(":")[0], x.prompt, head, x.suffix)
+    _trajectory(acc, LIVE_REPLICA.name, x.prompt, x.gen)
+    for step in constructions(cfg):
+        add(acc, step.name, *step.price(x.prompt, head, x.suffix))
     if donor:
         for _ in range(transplants_per_unit(sweep, n_layers)):
-            add(acc, "transplants", x.suffix, x.suffix)
+            add(acc, "transplants", *TRANSPLANT.price(0, 0, x.suffix))
     if batch_width is not None:
         add(acc, "batch_invariance", 1, cfg.batch_size * max(batch_width, head))
     for attn in cfg.attn_axes:
@@ -100,8 +113,6 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
 def transplants_per_unit(sweep: bool, n_layers: int) -> int:
     """Continuations on one divergent unit: all layers both ways (and the sweep's subsets both ways), two
     shams, and (at most) two transplants of the identical layers."""
-    from pytest_kvaudit.engine.cells import sweep_subsets
-
     return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2
 
 
@@ -143,9 +154,8 @@ def unit_of_record(r: Any) -> Unit | None:
     conts: tuple[tuple[str, int], ...] = ()
     if r.eligible:
         head = len(r.prefix) - 1
-        rep = r.constructions["live:replica"]
-        replica = r.boundary + len(rep.suffix) if rep.logits_fp else len(rep.suffix)
-        conts = tuple((k, len(c.suffix)) for k, c in r.constructions.items() if k not in ("live", "live:replica"))
+        replica = replica_generated(r)
+        conts = tuple((k, len(c.suffix)) for k, c in r.constructions.items() if k not in (LIVE.name, LIVE_REPLICA.name))
     probes = r.probes
     tokens = sum(int(o.get("tokens", 0)) for o in [*probes.axes.values(), *probes.cache.values(), probes.batch] if o)
     return Unit(len(r.prompt_ids), len(r.generated), fixed, head if r.eligible else None, replica, conts,
@@ -156,15 +166,14 @@ def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
     """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them)."""
     acc: dict[str, list[int]] = {}
     for u in units:
-        _trajectory(acc, "live", u.prompt, u.generated)
+        _trajectory(acc, LIVE.name, u.prompt, u.generated)
         if u.fixed is not None:
-            head, suffixes = u.fixed
-            for name, s in zip(("incremental", "prefill"), suffixes):
-                _construction(acc, "fixed_prefix_2x2", name, u.prompt, head, s)
+            head, (a, b) = u.fixed
+            _fixed(acc, u.prompt, head, (a, b))
         if u.head is not None:
-            _trajectory(acc, "live:replica", u.prompt, u.replica)
+            _trajectory(acc, LIVE_REPLICA.name, u.prompt, u.replica)
             for name, s in u.continuations:
-                _construction(acc, name, name.split(":")[0], u.prompt, u.head, s)
+                _construction(acc, name, name, u.prompt, u.head, s)
             if u.transplant_tokens:
                 add(acc, "transplants", u.transplant_tokens, u.transplant_tokens)
         if u.probe_tokens:
@@ -214,9 +223,9 @@ def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: Aud
             if u.get("reason") is None and cs:
                 b = int(u["boundary"])
                 head = p + b - 1
-                rep = cs["live:replica"]
+                rep = cs[LIVE_REPLICA.name]
                 replica = b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])
-                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items()) if k not in ("live", "live:replica"))
+                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items()) if k not in (LIVE.name, LIVE_REPLICA.name))
                 if "transplant_tokens" in u:
                     transplant = int(u["transplant_tokens"])
                 elif u.get("transplants"):

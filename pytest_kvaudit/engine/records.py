@@ -14,8 +14,6 @@ from typing import Any
 from pytest_kvaudit.engine import cache as kv
 from pytest_kvaudit.engine.decoder import Continuation
 
-#: the constructions every cell computes besides ``live``; ``--kvaudit-chunks`` adds ``chunked(c)``
-BASE_CONSTRUCTIONS = ("prefill", "incremental")
 #: ineligible: prompt + max_new_tokens exceed the model's position limit
 TOO_LONG = "too_long"
 #: how much of a generation that missed its boundary the report shows

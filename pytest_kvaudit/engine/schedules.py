@@ -3,11 +3,17 @@
 Every construction fills a fresh cache over ``prefix[:-1]`` in successive forwards whose lengths are its
 *chunk schedule* (``live``/``incremental`` = ``[P, 1, 1, ...]``, ``prefill`` = ``[len]``, ``chunked(c)`` =
 ``[c, c, ..., rest]``). Constructions differ in nothing else: a continuation always starts by feeding
-``prefix[-1]`` as one decode step. A new construction is a new entry::
+``prefix[-1]`` as one decode step. A new construction is a new entry, and it runs in every cell (it is
+priced by the plan, compared in the report's construction axes and recorded in the ledger)::
 
     @register_schedule("halves")
     def halves(prompt_len, length, arg=None):
         return [length // 2, length - length // 2]
+
+The built-in entries have their own roles in the cell (:mod:`.pipeline`): ``live`` is the trajectory,
+``prefill`` and ``incremental`` are every cell's constructions, ``chunked(C)`` runs once per
+``--kvaudit-chunks`` size. Every other registered name is an extra construction of every cell, in the
+order of registration.
 """
 
 from __future__ import annotations
@@ -21,12 +27,22 @@ from pytest_kvaudit.engine.errors import KvauditError
 ScheduleFn = Callable[[int, int, "int | None"], list[int]]
 
 _SCHEDULES: dict[str, ScheduleFn] = {}
+#: registered names that are extra constructions of every cell (a user's schedules), in registration order
+_EXTRA: list[str] = []
 _NAME = re.compile(r"([a-z_][a-z0-9_]*)(?:\((\d+)\))?")
 
 
-def register_schedule(name: str) -> Callable[[ScheduleFn], ScheduleFn]:
+def register_schedule(name: str, *, every_cell: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
+    """Register ``fn`` as the chunk schedule ``name``; with ``every_cell`` (the default) every cell computes
+    it as a construction. The built-in entries pass ``every_cell=False``: the pipeline gives them their roles."""
+    if not _NAME.fullmatch(name) or "(" in name:
+        raise KvauditError(f"schedule name {name!r}: use lowercase letters, digits and _ (an argument goes in the "
+                           "construction's name, as chunked(4), not in the schedule's)")
+
     def deco(fn: ScheduleFn) -> ScheduleFn:
         _SCHEDULES[name] = fn
+        if every_cell and name not in _EXTRA:
+            _EXTRA.append(name)
         return fn
 
     return deco
@@ -34,6 +50,18 @@ def register_schedule(name: str) -> Callable[[ScheduleFn], ScheduleFn]:
 
 def known() -> list[str]:
     return sorted(_SCHEDULES)
+
+
+def extra_constructions() -> tuple[str, ...]:
+    """The registered schedules that every cell computes besides the built-in ones, in registration order."""
+    return tuple(_EXTRA)
+
+
+def unregister_schedule(name: str) -> None:
+    """Forget a registered schedule (tests, and a notebook that registers one twice)."""
+    _SCHEDULES.pop(name, None)
+    if name in _EXTRA:
+        _EXTRA.remove(name)
 
 
 def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
@@ -50,8 +78,8 @@ def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
     return chunks
 
 
-@register_schedule("live")
-@register_schedule("incremental")
+@register_schedule("live", every_cell=False)
+@register_schedule("incremental", every_cell=False)
 def teacher_forced(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
     """The prompt in one forward, then one token a forward: how the live cache was built while generating
     (``live``), and its replay from the recorded ids on a fresh cache (``incremental``, the bridge)."""
@@ -59,13 +87,13 @@ def teacher_forced(prompt_len: int, length: int, arg: int | None = None) -> list
     return [p] + [1] * (length - p)
 
 
-@register_schedule("prefill")
+@register_schedule("prefill", every_cell=False)
 def prefill(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
     """One shot of the identical ids: what a stage-replay diagnostic does."""
     return [length]
 
 
-@register_schedule("chunked")
+@register_schedule("chunked", every_cell=False)
 def chunked(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
     """Fixed-size chunks, as serving engines prefill: ``chunked(c)``."""
     if arg is None or arg < 1:

@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.dist.queue import LostItem, WorkQueue, within
 from pytest_kvaudit.engine import probes
 from pytest_kvaudit.engine.cells import CellBuilder, prompt_ids
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig, BoundaryRule
@@ -25,12 +24,9 @@ from pytest_kvaudit.engine.decoder import NO_FAULTS, Cost, Decoder, Faults
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
 from pytest_kvaudit.engine.loading import ModelHandle, environment, open_model, resolve_checkpoint
-from pytest_kvaudit.engine.records import CellRecord, Transplant, sweep_subsets
+from pytest_kvaudit.engine.records import CellRecord
 from pytest_kvaudit.engine.tally import Progress, Tally
-
-__all__ = ["CellRecord", "Progress", "Store", "Transplant", "shard", "sweep_subsets"]
-
-
+from pytest_kvaudit.engine.work import LostItem, WorkSource, within
 
 
 def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
@@ -79,44 +75,6 @@ class Store:
         cfg, item_set = cls.resolve(cfg)
         return cls(cfg, item_set, faults, share)
 
-    @classmethod
-    def merged(cls, cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:
-        """One store over the whole item set from shard exports, in the order a single process computes.
-        Shards computed in different environments (another GPU model, CPU instruction set, library) or by
-        another model are refused: one run's figures must come from one environment."""
-        check_one_environment(exports)
-        s = cls(cfg, item_set)
-        found: dict[tuple[str, str], CellRecord] = {}
-        for e in exports:
-            for d in e["records"]:
-                r = CellRecord.from_dict(d)
-                found[(r.item_id, r.dtype)] = r
-            for k in ("forward_calls", "forward_tokens"):
-                setattr(s.cost, k, getattr(s.cost, k) + e["cost"][k])
-            s.cost.seconds = max(s.cost.seconds, e["cost"]["seconds"])
-            for k, v in e.get("stages", {}).items():
-                s.stages[k] = max(s.stages.get(k, 0.0), v)
-            s.plan = s.plan or e.get("run_plan" if "run_plan" in e else "plan") or {}  # a runner's: its options
-            s.identity = s.identity or e["identity"]
-            s.environment = s.environment or e["environment"]
-        # an item is there at every precision or missing: a worker that died takes the cells it computed along,
-        # and a later precision's cell of such an item must not pass for the whole item
-        s.missing = [it.id for it in item_set.items if any((it.id, d) not in found for d in cfg.dtypes)]
-        lost = set(s.missing)
-        for dtype in cfg.dtypes:
-            for item in item_set.items:
-                if item.id not in lost:
-                    s.records[(item.id, dtype)] = found[(item.id, dtype)]
-        s.cost.minimal_forward_tokens = s.minimal_tokens()
-        s.computed = True
-        return s
-
-    def minimal_tokens(self) -> int:
-        """The least forward tokens the claims need over this store's records (:mod:`.minimal`)."""
-        from pytest_kvaudit.claims.needs import minimal_tokens
-
-        return sum(minimal_tokens(self.records.values(), self.cfg.donor_max_units, self.cfg.primary_dtype).values())
-
     # -- reading -------------------------------------------------------------------------------
     def record(self, item_id: str, dtype: str) -> CellRecord:
         self.compute()
@@ -137,7 +95,7 @@ class Store:
         return prompt_ids(item, h.tokenizer, self.cfg.chat_template, self.cfg.model)
 
     # -- computing -----------------------------------------------------------------------------
-    def compute(self, progress: Progress | None = None, queue: WorkQueue | None = None,
+    def compute(self, progress: Progress | None = None, queue: WorkSource | None = None,
                 nominal: int | None = None) -> None:
         """Every cell of this store's items, precision by precision (one model in memory at a time).
 
@@ -196,13 +154,12 @@ class Store:
         self._handles.clear()
         gc.collect()
         self.cost.seconds = round(time.perf_counter() - t0, 3)
-        self.cost.minimal_forward_tokens = self.minimal_tokens()
         self.computed = True
         if progress is not None:  # the last word, never throttled: a queue worker cannot count to its end
             tally.finished, tally.seconds = True, self.cost.seconds
             progress(tally)
 
-    def _taken(self, phase: int, queue: WorkQueue | None) -> Iterator[tuple[int, Item]]:
+    def _taken(self, phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:
         """(index, item) in item order: all of this store's items, or those this worker takes from the queue."""
         if queue is None:
             yield from enumerate(self.items)
@@ -263,24 +220,6 @@ class Store:
             "stages": self.stages,
             "plan": self.plan,
         }
-
-
-def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:
-    from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
-
-    def ident(e: dict[str, Any]) -> dict[str, Any]:
-        env, model = e.get("environment") or {}, e.get("identity") or {}
-        return {**{f"environment.{k}": env.get(k) for k in ENV_FIELDS}, **{f"model.{k}": model.get(k) for k in MODEL_FIELDS}}
-
-    computed = [e for e in exports if e.get("records")]
-    if len(computed) < 2:
-        return
-    first = ident(computed[0])
-    for e in computed[1:]:
-        diff = [f"{k} {first[k]!r} vs {v!r}" for k, v in ident(e).items() if v != first[k]]
-        if diff:
-            raise KvauditError(f"xdist shards were computed in different environments ({'; '.join(diff[:3])}): one "
-                               "run's figures must come from one environment: pin the workers to one kind of device")
 
 
 def _free_device_memory() -> None:

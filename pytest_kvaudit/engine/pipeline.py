@@ -1,0 +1,133 @@
+"""The cell's steps, declared once: what each one computes, how it is priced, and which group it belongs to.
+
+A cell (one item at one precision) is a fixed sequence of steps. :class:`~.cells.CellBuilder` runs them,
+:mod:`.pricing` prices them (the plan's bound, a run's records, a recorded ledger) and the claims' ``needs``
+(:mod:`pytest_kvaudit.claims.needs`) name the groups they read, all from the declarations below, so a new
+construction is one registered schedule (:func:`.schedules.register_schedule`) and nothing else.
+
+The kinds of step and their price in forward calls and tokens, with ``P`` the prompt, ``G`` the generated
+tokens, ``H`` the ids before the prefix's last (``P + b - 1``) and ``S`` the suffix:
+
+* a *trajectory* (``live``, its replica): the prompt in one forward, then one token a forward:
+  ``max(G, 1)`` calls, ``P + G - 1`` tokens;
+* a *construction* (a boundary state over ``H`` ids in its chunk schedule, then ``S`` decode steps from
+  ``prefix[-1]``): ``len(schedule) + S`` calls, ``H + S`` tokens;
+* a *continuation* on a state already built (a transplant and its controls): ``S`` calls and tokens.
+
+The groups are what a claim can need (``Claim.needs``): ``trajectory``, ``replicas``, ``constructions``,
+``fixed`` (the 2x2's own cells), ``transplants`` and ``controls``. The layer sweep and the probes are
+analyses: no claim needs them, so they are never in the least work the claims need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pytest_kvaudit.engine.schedules import extra_constructions, schedule
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.engine.config import AuditConfig
+
+TRAJECTORY, CONSTRUCTION, CONTINUATION = "trajectory", "construction", "continuation"
+#: the groups a claim may need, in the order the minimal-work breakdown lists them
+GROUPS = ("trajectory", "replicas", "constructions", "fixed", "transplants", "controls")
+REPLICA = ":replica"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a cell. ``name`` is the record's key for what it computed and the path the fault hooks see."""
+
+    name: str
+    group: str
+    kind: str
+    #: a construction's chunk schedule (``prefill``, ``chunked(4)``, a user's ``halves``); ``live`` for a trajectory
+    schedule: str = "live"
+    #: the boundary state is kept after its continuation (the anatomy and the transplants read it)
+    keep: bool = False
+    #: the boundary state is compared layer by layer with the live one (the bridge)
+    bridge: bool = False
+
+    def price(self, prompt: int, length: int, suffix: int = 0) -> tuple[int, int]:
+        """(calls, tokens): ``length`` is the trajectory's generated tokens, or the construction's head ``H``."""
+        if self.kind == TRAJECTORY:
+            return max(length, 1), prompt + max(length - 1, 0)
+        if self.kind == CONSTRUCTION:
+            calls = len(schedule(self.schedule, prompt, length)) if length >= 1 else 0
+            return calls + suffix, length + suffix
+        return suffix, suffix
+
+
+LIVE = Step("live", "trajectory", TRAJECTORY)
+LIVE_REPLICA = Step("live" + REPLICA, "replicas", TRAJECTORY)
+#: the 2x2's own cells on the first precision's prefix ids (``CellRecord.fixed["replay"|"prefill"]``)
+FIXED = (Step("fixed:replay", "fixed", CONSTRUCTION, "incremental"), Step("fixed:prefill", "fixed", CONSTRUCTION, "prefill"))
+#: a transplant's continuation; its controls' (sham, identical layers); the layer sweep's
+TRANSPLANT = Step("transplant", "transplants", CONTINUATION)
+CONTROL = Step("control", "controls", CONTINUATION)
+SWEEP = Step("sweep", "sweep", CONTINUATION)
+
+
+def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
+    """Every construction of a cell besides ``live``, in the order they run and are recorded: ``prefill`` and
+    its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``."""
+    names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks))
+    return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
+            Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
+            *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))
+
+
+def cell_steps(cfg: AuditConfig) -> tuple[Step, ...]:
+    """The whole cell, top to bottom: the trajectory, its replica, the constructions, the 2x2's cells."""
+    return (LIVE, LIVE_REPLICA, *constructions(cfg), *FIXED)
+
+
+def step_named(name: str) -> Step:
+    """The step a record's construction key names (``prefill:replica``, ``chunked(4)``, ``halves``): its
+    schedule is the name without ``:replica``. Works on records of any run, whatever was registered there."""
+    if name == LIVE.name:
+        return LIVE
+    if name == LIVE_REPLICA.name:
+        return LIVE_REPLICA
+    base = name[: -len(REPLICA)] if name.endswith(REPLICA) else name
+    group = "replicas" if name.endswith(REPLICA) else "constructions"
+    return Step(name, group, CONSTRUCTION, base, keep=name == "prefill", bridge=name == "incremental")
+
+
+# -- the groups on a computed record: what the claims' least work is priced on -------------------------------
+def replica_generated(r: Any) -> int:
+    """The replica trajectory's generated tokens: a replica that reached the same boundary records its suffix
+    only, one that did not records its whole generation."""
+    rep = r.constructions[LIVE_REPLICA.name]
+    return int(r.boundary) + len(rep.suffix) if rep.logits_fp else len(rep.suffix)
+
+
+def group_continuations(r: Any, group: str) -> Iterator[tuple[Step, int]]:
+    """``(step, suffix length)`` for each construction of ``group`` that record ``r`` holds."""
+    for name, c in r.constructions.items():
+        s = step_named(name)
+        if s.kind == CONSTRUCTION and s.group == group:
+            yield s, len(c.suffix)
+
+
+def group_tokens(r: Any, group: str, transplants: Iterable[Any] = ()) -> int:
+    """Forward tokens record ``r`` spent on ``group`` (``transplants``: those of its transplants to count)."""
+    if r.error:
+        return 0
+    if group == "trajectory":
+        return LIVE.price(len(r.prompt_ids), len(r.generated))[1]
+    if group == "fixed":
+        head = (r.fixed_prefix_len or 0) - 1
+        return sum(step.price(len(r.prompt_ids), head, len(r.fixed[step.name.split(":")[1]].suffix))[1]
+                   for step in FIXED if r.fixed)
+    if group in ("transplants", "controls"):
+        return sum(len(t.suffix) for t in transplants)
+    if not r.eligible:
+        return 0
+    head = len(r.prefix) - 1
+    tokens = sum(s.price(len(r.prompt_ids), head, n)[1] for s, n in group_continuations(r, group))
+    if group == "replicas":
+        tokens += LIVE_REPLICA.price(len(r.prompt_ids), replica_generated(r))[1]
+    return tokens
