@@ -36,7 +36,8 @@ class Judge:
         marker = self._marker()
         if name is None:
             if marker is None or not marker.args:
-                raise pytest.UsageError(f"{self.node.nodeid}: name the claim, kvaudit_judge.claim('replica_exactness')")
+                raise pytest.UsageError(f"{self.node.nodeid}: name the claim, kvaudit_judge.claim('NAME'), or mark the "
+                                       "test @pytest.mark.kvaudit_claim('NAME')")
             name = str(marker.args[0])
         try:
             claim = claims.get(name)
@@ -59,10 +60,6 @@ class Judge:
     def exact(self, name: str, units: Mapping[str, bool], min_units: int = 1, reason: str = "") -> claims.ClaimResult:
         """A custom exactness claim: ``units`` maps unit name -> property holds. Fails on one counterexample."""
         return self.verdict(claims.exact_result(name, units, min_units, reason))
-
-    def ledger(self, snapshot: Any) -> claims.ClaimResult:
-        """The ledger audit (``claim("ledger_audit", snapshot=snapshot)``)."""
-        return self.claim("ledger_audit", snapshot=snapshot)
 
     def verdict(self, result: claims.ClaimResult, claim: claims.Claim | None = None) -> claims.ClaimResult:
         """Record ``result`` and turn it into the test's outcome."""

@@ -80,7 +80,7 @@ VALUE_OPTIONS: dict[str, str] = {
     BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
-    CLAIMS: "comma list of built-in claims to run (e.g. donor_following,bridge_bitexact), or none: only your own",
+    CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",
     CACHE: "cache layouts: dynamic,static also audits transformers' StaticCache as axis rows (default: dynamic)",
     SHARD: "I/N: compute only share I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
     PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",

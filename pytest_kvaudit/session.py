@@ -126,13 +126,16 @@ class KvauditSession:
 
     def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
         """The run's plan over the whole item set (:mod:`.plan`), for the claims this run selects."""
-        from pytest_kvaudit.claims import registered
+        from pytest_kvaudit.claims import least_units, registered
         from pytest_kvaudit.engine.plan import make_plan
 
         sel, got = self.selection, self.collected_claims
         claims = [c for c in registered() if (c.name in got if got is not None else
                                               sel in (None, ("all",), ()) or c.name in (sel or ()))]
-        return make_plan(store, claims, self.thresholds, workers, sample)
+        least = {c.name: least_units(c, self.thresholds.get(c.name, {}), store.cfg) for c in claims}
+        # a claim that keeps a recorded run of this model (a ledger) lets the plan price the run on its lengths
+        ledger = next((p for c in registered() if (p := c.recorded_run(store.cfg)) is not None), None)
+        return make_plan(store, least, ledger, workers, sample)
 
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when

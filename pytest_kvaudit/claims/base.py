@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pytest_kvaudit.claims.analyses import first_divergence
@@ -118,6 +119,11 @@ class Claim:
     #: computes more (the layer sweep, the probes); the union of the claims' needs is the least work, the
     #: denominator of the run's overhead figure.
     needs: ClassVar[tuple[str, ...]] = ()
+
+    def recorded_run(self, config: AuditConfig) -> Path | None:
+        """A file in which an earlier run of this model recorded its lengths (a ledger), for the plan to price
+        the run on; None by default."""
+        return None
 
     def units(self, records: list[CellRecord], config: AuditConfig) -> list[CellRecord]:
         """The records whose ``needs`` are this claim's work: all by default (a claim judging a subset, such as

@@ -18,7 +18,7 @@ from pytest_kvaudit.claims.base import (
     names,
     register,
 )
-from pytest_kvaudit.report.htmlkit import e, section, status, table
+from pytest_kvaudit.claims.htmlkit import e, section, status, table
 
 
 @register

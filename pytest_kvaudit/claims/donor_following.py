@@ -21,8 +21,8 @@ from pytest_kvaudit.claims.base import (
     names,
     register,
 )
+from pytest_kvaudit.claims.htmlkit import e, section, table
 from pytest_kvaudit.claims.stats import wilson_interval
-from pytest_kvaudit.report.htmlkit import e, section, table
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig

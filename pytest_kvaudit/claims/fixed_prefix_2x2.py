@@ -19,9 +19,9 @@ from pytest_kvaudit.claims.base import (
     names,
     register,
 )
+from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
 from pytest_kvaudit.engine.config import LOW_PRECISION
-from pytest_kvaudit.report.htmlkit import section, table
 
 
 @register

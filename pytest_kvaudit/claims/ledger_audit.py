@@ -11,8 +11,18 @@ from typing import Any
 
 from pytest_kvaudit.claims.base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
 from pytest_kvaudit.engine import ledger as L
-from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
+from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
+
+
+def default_path(snapshots: str | None, model: str) -> Path:
+    """Where this claim's suite keeps ``model``'s ledger (``--kvaudit-snapshots`` or
+    ``snapshots/``); the embedded checkpoint's falls back to the ledger kvaudit ships."""
+    name = L.slug(model)
+    path = Path(snapshots or "snapshots") / name / "test_ledger_audit" / "test_ledger_audit.json"
+    if not path.is_file() and name == EMBEDDED_NAME:
+        return EMBEDDED_SNAPSHOTS / "test_ledger_audit" / "test_ledger_audit.json"
+    return path
 
 
 @register
@@ -25,8 +35,11 @@ class LedgerAudit(Claim):
     evidence = "a ledger recorded for this model and environment, and min_units units both recorded and run"
     inputs = ("snapshot",)
 
+    def recorded_run(self, config: AuditConfig) -> Path | None:
+        return default_path(config.snapshots, config.model)
+
     def judge(self, ev: Evidence) -> ClaimResult:
-        from pytest_kvaudit.snapshot import extension_for
+        from pytest_kvaudit.claims.ledger_snapshot import extension_for
 
         cfg = ev.config
         snapshot: Any = ev.inputs.get("snapshot")
@@ -123,7 +136,7 @@ class LedgerAudit(Claim):
                            {"recorded": True, "units": len(current["units"]), "ledger": str(path)})
 
     def html(self, result: Any, run: Any) -> str | None:
-        from pytest_kvaudit.report.htmlkit import e, section, status, table
+        from pytest_kvaudit.claims.htmlkit import e, section, status, table
 
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [
             [status(result["status"]), f"{result['k']}/{result['n']}", e(result["reason"])]]))

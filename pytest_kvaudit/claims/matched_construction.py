@@ -20,8 +20,8 @@ from pytest_kvaudit.claims.base import (
     ineligible_note,
     register,
 )
+from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci
-from pytest_kvaudit.report.htmlkit import section, table
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig

@@ -54,9 +54,9 @@ def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float |
 def export(store: Store, set_name: str) -> dict[str, Any]:
     """A store's export with what a merge compares across runners: the item set and the options that decide
     the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
-    from pytest_kvaudit.dist.partials import item_set_info, plan_of
+    from pytest_kvaudit.dist.partials import item_set_info
 
-    return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": plan_of(store.cfg),
+    return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": store.cfg.work_identity(),
             "run_plan": store.plan}
 
 

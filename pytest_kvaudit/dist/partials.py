@@ -22,16 +22,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig
+from pytest_kvaudit.engine.config import EMBEDDED_DIR, WORK_FIELDS, AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet
 from pytest_kvaudit.engine.files import atomic_write_text
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
-#: AuditConfig fields that decide what a share computes: shares must agree on every one of them
-PLAN_FIELDS = ("n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
-               "batch_units", "tf32", "device_map", "chat_template", "threads")
+#: what decides what a share computes (AuditConfig.work_identity): shares must agree on every one of them
+PLAN_FIELDS = (*WORK_FIELDS, "constructions")
 #: item-set fields compared across shares (the path is left out: each runner checks out to its own folder)
 ITEM_SET_FIELDS = ("count", "digest", "boundary", "answer_regex", "max_new_tokens")
 
@@ -68,11 +67,6 @@ def item_set_info(item_set: ItemSet, name: str) -> dict[str, Any]:
             "max_new_tokens": item_set.max_new_tokens,
             # ids and answers in order: the merge rebuilds the set's order and labels without the file
             "items": [[it.id, it.answer] for it in item_set.items]}
-
-
-def plan_of(cfg: AuditConfig) -> dict[str, Any]:
-    d = asdict(cfg)
-    return {k: list(d[k]) if isinstance(d[k], tuple) else d[k] for k in PLAN_FIELDS}
 
 
 def build(index: int, count: int, exports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,7 +162,7 @@ def item_set(doc: dict[str, Any]) -> ItemSet:
 
 def config(doc: dict[str, Any], own: AuditConfig) -> AuditConfig:
     """The merge's config: the shares' plan, and the merge run's own judging options (seed, snapshots...)."""
-    plan = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["plan"].items() if k in PLAN_FIELDS}
+    plan = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["plan"].items() if k in WORK_FIELDS}
     s = doc["item_set"]
     model = str(EMBEDDED_DIR) if doc["model"].get("id") == "embedded" else str(doc["model"].get("id") or own.model)
     return own.replace(**plan, model=model, items=s["path"], boundary=s["boundary"], answer_regex=s["answer_regex"],

@@ -9,6 +9,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_kvaudit.engine.errors import KvauditError
 
@@ -160,6 +161,11 @@ class BoundaryRule:
         return f"tokens:{self.tokens}" if self.tokens is not None else f"marker {self.marker!r}"
 
 
+#: AuditConfig fields that decide what is computed, beside the model and the item set
+WORK_FIELDS = ("n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
+               "batch_units", "tf32", "device_map", "chat_template", "threads")
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """Everything that decides what a run computes. Two runs with equal configs compute the same cells."""
@@ -197,6 +203,16 @@ class AuditConfig:
     def primary_dtype(self) -> str:
         """The precision whose trajectory fixes the prefix ids of the fixed-prefix 2x2."""
         return self.dtypes[0]
+
+    def work_identity(self) -> dict[str, Any]:
+        """What decides the work a run computes beyond the model and the item set: the fields of
+        :data:`WORK_FIELDS` and the registered schedules every cell computes. Shards merged into one run must
+        agree on it, and a plan's estimate is kept for the run that has it."""
+        from pytest_kvaudit.engine.schedules import extra_constructions
+
+        d = dataclasses.asdict(self)
+        return {**{k: list(d[k]) if isinstance(d[k], tuple) else d[k] for k in WORK_FIELDS},
+                "constructions": list(extra_constructions())}
 
     def items_path(self) -> Path:
         if self.items:

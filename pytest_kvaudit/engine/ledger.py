@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.engine.cache import digest, fingerprint_ids
-from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS
 from pytest_kvaudit.engine.errors import KvauditError
 
 LEDGER_VERSION = 1
@@ -91,16 +90,6 @@ def build(store: Any) -> dict[str, Any]:
                    "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes)},
         "units": {f"{r.item_id}@{r.dtype}": unit_of(r, id(r) in donors) for r in store.records.values()},
     }
-
-
-def default_path(snapshots: str | None, model: str) -> Path:
-    """Where the built-in ``ledger_audit`` suite keeps ``model``'s ledger (``--kvaudit-snapshots`` or
-    ``snapshots/``); the embedded checkpoint's falls back to the ledger kvaudit ships."""
-    name = slug(model)
-    path = Path(snapshots or "snapshots") / name / "test_ledger_audit" / "test_ledger_audit.json"
-    if not path.is_file() and name == EMBEDDED_NAME:
-        return EMBEDDED_SNAPSHOTS / "test_ledger_audit" / "test_ledger_audit.json"
-    return path
 
 
 def parse(text: str, where: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
@@ -258,10 +259,11 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
     }
 
 
-def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapping[str, float]],
+def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], ledger: Path | None,
               workers: int = 1, sample: int = SAMPLE) -> dict[str, Any]:
-    """The plan of ``store``'s run over its whole item set (every shard), after a short calibration."""
-    from pytest_kvaudit.claims.base import least_units
+    """The plan of ``store``'s run over its whole item set (every shard), after a short calibration: ``least``
+    is what each selected claim needs to decide (``Claim.least_evidence``), ``ledger`` the recorded ledger of
+    this model, if any, whose lengths predict the run."""
     from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
     from pytest_kvaudit.engine.environment import environment
 
@@ -282,7 +284,7 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
         prompt_of[it.id] = p if p is not None and (h.max_positions is None or p + m <= h.max_positions) else None
     prompts = [p for p in prompt_of.values() if p is not None]
     env = environment(h.device) | {"attn_implementation": h.attn_implementation}
-    recorded = ledger_prediction(cfg, h.identity, env, prompt_of, shape["layers"])
+    recorded = ledger_prediction(cfg, ledger, h.identity, env, prompt_of, shape["layers"])
     lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"])
                 for r in c["items"]] for d, c in cal["dtypes"].items()}
     most = bound(prompts, cfg, m, shape["layers"])
@@ -318,7 +320,7 @@ def make_plan(store: Store, claims: Sequence[Any], thresholds: Mapping[str, Mapp
         basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     have = evidence(cfg, len(prompts), lens)
-    verdicts = {c.name: decides(least_units(c, thresholds.get(c.name, {}), cfg), have) for c in claims}
+    verdicts = {name: decides(needs, have) for name, needs in least.items()}
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),
         "max_new_tokens": m, "workers": workers, "model": shape,
@@ -354,10 +356,8 @@ def run_key(cfg: AuditConfig) -> str:
     import json
     from pathlib import Path
 
-    from pytest_kvaudit.dist.partials import plan_of
-
     model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model
-    return json.dumps([model, plan_of(cfg)], sort_keys=True, default=list)
+    return json.dumps([model, cfg.work_identity()], sort_keys=True, default=list)
 
 
 def remember(cache: Any, cfg: AuditConfig, plan: Mapping[str, Any]) -> None:

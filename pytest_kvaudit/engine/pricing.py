@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.pipeline import (
@@ -245,18 +246,17 @@ def batch_probe_tokens(head: int, index: int, prompts: Sequence[int | None], cfg
     return 0 if not others else (1 + len(others)) * max(head, *others)
 
 
-def ledger_prediction(cfg: AuditConfig, identity: Mapping[str, Any], env: Mapping[str, Any],
+def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str, Any], env: Mapping[str, Any],
                       prompts: Mapping[str, int | None], n_layers: int) -> dict[str, Any]:
-    """The run priced on the lengths of its recorded ledger (:func:`pytest_kvaudit.engine.ledger.default_path`), when
+    """The run priced on the lengths of its recorded ledger (the ledger claim's snapshot), when
     one was recorded for this model and these settings. In the environment that recorded it a run
     reproduces every trajectory bit for bit (what ``ledger_audit`` asserts), so the price is the run's
     forward tokens exactly; ``usable`` says whether it applies and ``why`` when not."""
     from pytest_kvaudit.engine import ledger as L
     from pytest_kvaudit.engine.errors import KvauditError
 
-    path = L.default_path(cfg.snapshots, cfg.model)
     out: dict[str, Any] = {"path": str(path), "usable": False}
-    if not path.is_file():
+    if path is None or not path.is_file():
         return out | {"why": f"no ledger recorded at {path}"}
     try:
         doc = L.read(path)

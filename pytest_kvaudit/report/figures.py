@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kvaudit.report.htmlkit import e, png, pyplot, table
+from pytest_kvaudit.claims.htmlkit import e, png, pyplot, table
 
 
 def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:

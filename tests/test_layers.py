@@ -1,0 +1,155 @@
+"""The architecture holds: the engine never imports pytest, imports flow one way between the layers, no
+module imports in a circle, modules and classes stay small, and a built-in claim's name lives only in its
+own module and the registry."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PKG = REPO / "pytest_kvaudit"
+#: each layer and the layers it may import (the pytest side, at the top, may import all of them): the engine at
+#: the bottom; the distribution layer and the claims over it; the reports, which render the claims, over those
+LAYERS = {
+    "engine": {"engine"},
+    "dist": {"dist", "engine"},
+    "claims": {"claims", "engine"},
+    "report": {"report", "claims", "engine"},
+}
+BUILTIN_CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
+                  "donor_following")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = p.relative_to(REPO).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def imports(path: Path, name: str) -> set[str]:
+    """The package modules ``path`` imports, at module level or inside functions (``TYPE_CHECKING`` blocks
+    aside: they never run)."""
+    tree = ast.parse(path.read_text())
+    known = modules()
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name.startswith("pytest_kvaudit"))
+            elif isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("pytest_kvaudit"):
+                for a in child.names:  # "from pkg import module" imports the module
+                    sub = f"{child.module}.{a.name}"
+                    found.add(sub if sub in known else child.module)
+            visit(child)
+
+    visit(tree)
+    found.discard(name)
+    return {m for m in found if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    return {name: imports(path, name) for name, path in modules().items()}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "pytest side"
+
+
+def test_the_engine_never_imports_pytest() -> None:
+    code = ("import sys\nimport pytest_kvaudit.engine.store, pytest_kvaudit.engine.plan, pytest_kvaudit.engine.ledger, "
+            "pytest_kvaudit.engine.probes, pytest_kvaudit.dist.merge, pytest_kvaudit.dist.queue, "
+            "pytest_kvaudit.claims, pytest_kvaudit.report.document, pytest_kvaudit.report.terminal\n"
+            "bad = [m for m in ('pytest', '_pytest', 'pluggy') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_no_package_module_imports_in_a_circle() -> None:
+    g = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(g[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if n not in state:
+                dfs(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            dfs(m)
+
+
+def test_imports_flow_one_way_between_the_layers() -> None:
+    wrong = []
+    for m, deps in graph().items():
+        own = layer(m)
+        if own not in LAYERS:
+            continue
+        wrong += [f"{m} -> {d}" for d in sorted(deps) if layer(d) not in LAYERS[own] and d != "pytest_kvaudit"]
+    assert not wrong, "imports against the layers' direction:\n" + "\n".join(wrong)
+
+
+def test_modules_and_classes_stay_small() -> None:
+    big = []
+    for name, p in modules().items():
+        text = p.read_text()
+        lines = text.count("\n")
+        if lines > 310:
+            big.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 160:
+                big.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not big, "\n".join(big)
+
+
+def code_words(path: Path) -> str:
+    """The module's code without its comments and docstrings: identifiers, imports and string constants."""
+    tree = ast.parse(path.read_text())
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    words = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            words.append(node.value)
+        elif isinstance(node, ast.Name):
+            words.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            words.append(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            words += [node.module or "", *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            words += [a.name for a in node.names]
+    return "\n".join(words)
+
+
+def test_a_claims_name_lives_in_its_own_module_and_the_registry() -> None:
+    leaks = []
+    for name, p in modules().items():
+        if name in ("pytest_kvaudit.claims",):  # the registry: importing the modules registers them
+            continue
+        words = code_words(p)
+        leaks += [f"{name} spells {c}" for c in BUILTIN_CLAIMS if c in words and name != f"pytest_kvaudit.claims.{c}"]
+    assert not leaks, "\n".join(leaks)
