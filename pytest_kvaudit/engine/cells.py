@@ -34,17 +34,13 @@ from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer
 from pytest_kvaudit.engine.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions
 from pytest_kvaudit.engine.records import (
-    DONOR,
-    IDENTICAL,
-    SHAM,
     TAIL_CHARS,
     TAIL_TOKENS,
     TOO_LONG,
     CellRecord,
-    Transplant,
-    sweep_subsets,
 )
 from pytest_kvaudit.engine.schedules import schedule
+from pytest_kvaudit.engine.transplants import anatomy, transplants
 
 
 def chars_per_token(tokenizer: Any) -> int | None:
@@ -204,49 +200,8 @@ class CellBuilder:
                          for step in FIXED}
 
     def anatomy(self, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
-        if rec.unsupported is None:
-            layers = kv.compare(live_state, prefill_state)
-            rec.comparison.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
-                                    for c in layers]
-            rec.comparison.differing_layers = [c.layer for c in layers if not (c.keys_equal and c.values_equal)]
-            rec.comparison.identical_layers = [c.layer for c in layers if c.keys_equal and c.values_equal]
-        live, prefill = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
-        if live != prefill:
-            j = next((i for i, (a, b) in enumerate(zip(live, prefill)) if a != b), None)
-            if j is not None:
-                rec.comparison.divergence_text = [self.decode([live[j]]), self.decode([prefill[j]])]
+        anatomy(self, rec, live_state, prefill_state)
 
     def transplants(self, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                     sweep: bool) -> None:
-        """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets;
-        then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
-        cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
-        transplant of only those layers."""
-        subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
-        if sweep:
-            subsets += sweep_subsets(len(kv.layer_kv(live_state)))
-        states = {"live": live_state, "prefill": prefill_state}
-        pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
-        for layers, parts in subsets:
-            for donor, receiver in pairs:
-                self.transplant(rec, DONOR, states[receiver], states[donor], donor, receiver, layers, parts, last, budget)
-        for name in ("prefill", "live"):
-            # the same object as receiver and donor: the transplant path itself is what the sham tests
-            self.transplant(rec, SHAM, states[name], states[name], name, name, None, "kv", last, budget)
-        same = tuple(rec.comparison.identical_layers)
-        if same:
-            for donor, receiver in pairs:
-                self.transplant(rec, IDENTICAL, states[receiver], states[donor], donor, receiver, same, "kv", last, budget)
-
-    def transplant(self, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
-                   layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> None:
-        """One transplant -> continue -> compare with the donor's and the receiver's own suffixes."""
-        direction = f"{donor_name}_to_{receiver_name}"
-        self.dec.path = f"transplant:{direction}" if kind == DONOR else (
-            f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
-        state = self.transplant_fn(receiver, donor, layers, parts)
-        margins: list[float] = []
-        suffix, _ = continue_greedy(self.dec, state, last, budget, margins)
-        target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
-        rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
-                                          tuple(round(m, 6) for m in margins), self.decode(suffix)))
+        transplants(self, rec, live_state, prefill_state, last, budget, sweep)

@@ -8,7 +8,6 @@ JSON-serialises, so xdist workers can ship their shard to the controller.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,11 +18,12 @@ from typing import Any
 
 from pytest_kvaudit.engine import probes
 from pytest_kvaudit.engine.cells import CellBuilder, prompt_ids
-from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig
 from pytest_kvaudit.engine.decoder import NO_FAULTS, Cost, Decoder, Faults
 from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
-from pytest_kvaudit.engine.loading import ModelHandle, environment, open_model, resolve_checkpoint
+from pytest_kvaudit.engine.itemcheck import check_markers, check_prompt_ids, resolve
+from pytest_kvaudit.engine.items import Item, ItemSet
+from pytest_kvaudit.engine.loading import ModelHandle, environment, open_model
 from pytest_kvaudit.engine.records import CellRecord
 from pytest_kvaudit.engine.tally import Progress, Tally
 from pytest_kvaudit.engine.work import LostItem, WorkSource, within
@@ -55,24 +55,9 @@ class Store:
         self.plan: dict[str, Any] = {}  # what the run intended, priced before it ran (:mod:`.plan`)
         self._handles: dict[str, ModelHandle] = {}
 
-    @staticmethod
-    def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
-        """The config with its item file resolved (the checkpoint's own by default), and the item set."""
-        local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
-        if not cfg.items and (local / "items.jsonl").is_file():
-            cfg = cfg.replace(items=str(local / "items.jsonl"))
-        if not cfg.items:  # a checkpoint without an item set: the built-in one, named in the report
-            from pytest_kvaudit.engine.builtin_items import builtin_item_set
-
-            iset = builtin_item_set(cfg.n)
-            over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
-                                      ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
-            return cfg, dataclasses.replace(iset, **over)
-        return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
-
     @classmethod
     def open(cls, cfg: AuditConfig, faults: Faults = NO_FAULTS, share: tuple[int, int] = (0, 1)) -> Store:
-        cfg, item_set = cls.resolve(cfg)
+        cfg, item_set = resolve(cfg)
         return cls(cfg, item_set, faults, share)
 
     # -- reading -------------------------------------------------------------------------------
@@ -120,8 +105,8 @@ class Store:
                     self.identity["id"] = "embedded"
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
             self.environment.setdefault("dtypes", []).append(dtype)
-            self._check_markers(h)
-            self._check_prompt_ids(h)
+            check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
+            check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h.model, h.eos_ids, self.cost, self.faults)
             builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
             for j, item in self._taken(phase, queue):
@@ -183,31 +168,6 @@ class Store:
         if dtype == self.cfg.primary_dtype:
             fixed_prefix[item.id] = prefix
         return rec
-
-    def _check_markers(self, h: ModelHandle) -> None:
-        """A boundary marker the tokenizer cannot even spell would make every item silently ineligible."""
-        rules = {item.boundary or self.item_set.boundary for item in self.items}
-        for text in sorted(rules):
-            rule = BoundaryRule.parse(text)
-            if rule.marker is None:
-                continue
-            ids = h.tokenizer(rule.marker, add_special_tokens=False)["input_ids"]
-            back = h.tokenizer.decode(ids, skip_special_tokens=False)
-            if rule.marker not in back:
-                raise KvauditError(
-                    f"boundary marker {rule.marker!r} cannot be produced by the tokenizer of {self.cfg.model} "
-                    f"(it decodes back as {back!r}): pass --kvaudit-boundary with a marker it can spell, or tokens:K"
-                )
-
-    def _check_prompt_ids(self, h: ModelHandle) -> None:
-        """Given prompt ids outside the embedding would index past it (a crash, or garbage on some devices)."""
-        for item in self.item_set.items:
-            bad = next((t for t in item.prompt_ids or () if t >= h.vocab_size), None)
-            if bad is not None:
-                raise KvauditError(
-                    f"{item.where or self.item_set.path}: item {item.id!r}: prompt id {bad} is outside the vocabulary of "
-                    f"{self.cfg.model} ({h.vocab_size} ids, 0..{h.vocab_size - 1}): the ids come from another tokenizer"
-                )
 
     # -- plain data for xdist and the ledger ----------------------------------------------------
     def export(self) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""A run's item set, resolved for its checkpoint and checked against the tokenizer before any cell runs: a
+mistake here would make every item silently ineligible or index past the embedding."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from pytest_kvaudit.engine.builtin_items import builtin_item_set
+from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
+from pytest_kvaudit.engine.loading import resolve_checkpoint
+
+
+def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
+    """The config with its item file resolved (the checkpoint's own by default), and the item set."""
+    local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
+    if not cfg.items and (local / "items.jsonl").is_file():
+        cfg = cfg.replace(items=str(local / "items.jsonl"))
+    if not cfg.items:  # a checkpoint without an item set: the built-in one, named in the report
+        iset = builtin_item_set(cfg.n)
+        over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
+                                  ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
+        return cfg, dataclasses.replace(iset, **over)
+    return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+
+
+def check_markers(items: Iterable[Item], item_set: ItemSet, tokenizer: Any, model: str) -> None:
+    """A boundary marker the tokenizer cannot even spell would make every item silently ineligible."""
+    rules = {item.boundary or item_set.boundary for item in items}
+    for text in sorted(rules):
+        rule = BoundaryRule.parse(text)
+        if rule.marker is None:
+            continue
+        ids = tokenizer(rule.marker, add_special_tokens=False)["input_ids"]
+        back = tokenizer.decode(ids, skip_special_tokens=False)
+        if rule.marker not in back:
+            raise KvauditError(
+                f"boundary marker {rule.marker!r} cannot be produced by the tokenizer of {model} "
+                f"(it decodes back as {back!r}): pass --kvaudit-boundary with a marker it can spell, or tokens:K"
+            )
+
+
+def check_prompt_ids(item_set: ItemSet, vocab_size: int, model: str) -> None:
+    """Given prompt ids outside the embedding would index past it (a crash, or garbage on some devices)."""
+    for item in item_set.items:
+        bad = next((t for t in item.prompt_ids or () if t >= vocab_size), None)
+        if bad is not None:
+            raise KvauditError(
+                f"{item.where or item_set.path}: item {item.id!r}: prompt id {bad} is outside the vocabulary of "
+                f"{model} ({vocab_size} ids, 0..{vocab_size - 1}): the ids come from another tokenizer"
+            )

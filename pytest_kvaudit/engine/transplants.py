@@ -1,0 +1,63 @@
+"""A cell's last steps, on the live and prefill boundary states it kept: the anatomy (which layers differ and
+where the suffixes part) and, on divergent units, the transplants with their controls."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine.decoder import continue_greedy
+from pytest_kvaudit.engine.pipeline import LIVE
+from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant, sweep_subsets
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.engine.cells import CellBuilder
+
+
+def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
+    if rec.unsupported is None:
+        layers = kv.compare(live_state, prefill_state)
+        rec.comparison.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
+                                for c in layers]
+        rec.comparison.differing_layers = [c.layer for c in layers if not (c.keys_equal and c.values_equal)]
+        rec.comparison.identical_layers = [c.layer for c in layers if c.keys_equal and c.values_equal]
+    live, prefill = rec.constructions[LIVE.name].suffix, rec.constructions["prefill"].suffix
+    if live != prefill:
+        j = next((i for i, (a, b) in enumerate(zip(live, prefill)) if a != b), None)
+        if j is not None:
+            rec.comparison.divergence_text = [b.decode([live[j]]), b.decode([prefill[j]])]
+
+def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
+                sweep: bool) -> None:
+    """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets;
+    then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
+    cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
+    transplant of only those layers."""
+    subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
+    if sweep:
+        subsets += sweep_subsets(len(kv.layer_kv(live_state)))
+    states = {"live": live_state, "prefill": prefill_state}
+    pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
+    for layers, parts in subsets:
+        for donor, receiver in pairs:
+            transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, layers, parts, last, budget)
+    for name in ("prefill", "live"):
+        # the same object as receiver and donor: the transplant path itself is what the sham tests
+        transplant(b, rec, SHAM, states[name], states[name], name, name, None, "kv", last, budget)
+    same = tuple(rec.comparison.identical_layers)
+    if same:
+        for donor, receiver in pairs:
+            transplant(b, rec, IDENTICAL, states[receiver], states[donor], donor, receiver, same, "kv", last, budget)
+
+def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
+               layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> None:
+    """One transplant -> continue -> compare with the donor's and the receiver's own suffixes."""
+    direction = f"{donor_name}_to_{receiver_name}"
+    b.dec.path = f"transplant:{direction}" if kind == DONOR else (
+        f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
+    state = b.transplant_fn(receiver, donor, layers, parts)
+    margins: list[float] = []
+    suffix, _ = continue_greedy(b.dec, state, last, budget, margins)
+    target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
+    rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
+                                      tuple(round(m, 6) for m in margins), b.decode(suffix)))
