@@ -67,7 +67,7 @@ class Judge:
             claim = claims.get(result.name)
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
-        if claim is not None and self.session.html_path is not None:
+        if claim is not None and self.session.wants_sections:
             from pytest_kvaudit.session import run_info
 
             run = self.session.run_info or run_info(self.store, self.session.config)

@@ -26,6 +26,7 @@ from pytest_kvaudit.engine.config import (
     parse_threshold_value,
 )
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.report.writers import WRITERS
 
 MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
@@ -73,8 +74,6 @@ VALUE_OPTIONS: dict[str, str] = {
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
     MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
     SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
-    REPORT: "write the JSON report to this path",
-    HTML: "write the human report (tables and figures) as HTML to this path",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
     BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
@@ -85,6 +84,8 @@ VALUE_OPTIONS: dict[str, str] = {
     SHARD: "I/N: compute only share I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
     PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",
     MERGE: "folder of partials (searched recursively): judge their union, computing nothing",
+    # the report's formats: one option per writer (pytest_kvaudit.report.writers)
+    **{w.flag: w.help for w in WRITERS},
 }
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",

@@ -51,8 +51,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_kvaudit.claims import registered
 
         opt.check_thresholds(thresholds, audit, registered())
-    sess = KvauditSession(audit, config, thresholds, opt.output_path(config, opt.REPORT),
-                          opt.output_path(config, opt.HTML), opt.value(config, opt.BASELINE),
+    from pytest_kvaudit.report.writers import WRITERS
+
+    outputs = {w.flag: path for w in WRITERS if (path := opt.output_path(config, w.flag)) is not None}
+    sess = KvauditSession(audit, config, thresholds, outputs, opt.value(config, opt.BASELINE),
                           strict=opt.flag(config, opt.STRICT))
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
@@ -214,17 +216,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from pytest_kvaudit.engine.files import atomic_write_text
     from pytest_kvaudit.engine.ledger import slug
     from pytest_kvaudit.report.document import dumps
+    from pytest_kvaudit.report.writers import WRITERS
 
-    if sess.report_path is not None:
-        atomic_write_text(sess.report_path, dumps(rep))
+    sections = {n: d.get("html") for n, d in sess.display.items() if "html" in d}
+    for writer in WRITERS:
+        if writer.flag in sess.outputs:
+            writer.write(rep, sess.outputs[writer.flag], sections)
     base = rep.get("baseline", {})
     if (base.get("error") or base.get("regressions")) and session.exitstatus == pytest.ExitCode.OK:
         # the gate: a regression from the baseline (or a baseline that could not be read) fails the run
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if sess.html_path is not None:
-        from pytest_kvaudit.report.html import write
-
-        write(rep, sess.html_path, {n: d.get("html") for n, d in sess.display.items() if "html" in d})
     if config.getoption("update_snapshots", False) and any(c.figures.get("recorded") is True
                                                             for c in sess.claims.values()):
         # the run's verdicts beside the ledger it recorded: what --kvaudit-baseline compares the next checkpoint

@@ -28,8 +28,8 @@ class KvauditSession:
     config: AuditConfig
     pytest_config: pytest.Config
     thresholds: dict[str, dict[str, float]]
-    report_path: Path | None = None
-    html_path: Path | None = None
+    #: the report's formats asked for: option -> path (:data:`pytest_kvaudit.report.writers.WRITERS`)
+    outputs: dict[str, Path] = field(default_factory=dict)
     baseline: str | None = None
     strict: bool = False  # --kvaudit-strict: inconclusive is a failure
     selection: tuple[str, ...] | None = None  # --kvaudit-claims: None, ("all",), () or names
@@ -52,6 +52,20 @@ class KvauditSession:
     plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
     report: dict[str, Any] | None = None  # the run's report, once built at the session's end
     collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
+
+    @property
+    def report_path(self) -> Path | None:
+        """The JSON report's path, when one is asked for."""
+        from pytest_kvaudit.report.writers import WRITERS
+
+        return self.outputs.get(WRITERS[0].flag)
+
+    @property
+    def wants_sections(self) -> bool:
+        """A format that shows the claims' own HTML sections is asked for: the claims render them."""
+        from pytest_kvaudit.report.writers import WRITERS
+
+        return any(w.sections and w.flag in self.outputs for w in WRITERS)
 
     # -- the store -----------------------------------------------------------------------------
     def get_store(self) -> Store:

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.engine.files import atomic_write_text
+
 if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
     from pytest_kvaudit.claims.base import ClaimResult
 
@@ -73,6 +75,11 @@ def _finite(x: Any) -> Any:
     from pytest_kvaudit.claims.base import finite
 
     return finite(x)
+
+
+def write(report: Mapping[str, Any], path: Path, sections: Mapping[str, str | None] | None = None) -> None:
+    """The JSON report, written atomically (``--kvaudit-report``)."""
+    atomic_write_text(path, dumps(report))
 
 
 def dumps(report: Mapping[str, Any]) -> str:
