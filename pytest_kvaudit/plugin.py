@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvaudit import interrupts
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.run_report import run_report
@@ -63,13 +64,18 @@ def pytest_configure(config: pytest.Config) -> None:
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
             config.args.append(suites)
+    folder = None  # the xdist run's shard folder, where its stop flag lives
     if config.pluginmanager.hasplugin("xdist"):
-        from pytest_kvaudit.xdist_glue import XdistController, worker_shard
+        from pytest_kvaudit.xdist_glue import XdistController, shard_folder, worker_shard
 
-        sess.shard = worker_shard(config)
+        sess.shard, folder = worker_shard(config), shard_folder(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             sess.controller = XdistController()
             config.pluginmanager.register(sess.controller, "kvaudit-xdist")
+            folder = sess.controller.dir
+    sess.stop = interrupts.register(config, folder).flag
+    if sess.controller is not None:
+        sess.controller.stop = sess.stop
 
 
 def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
@@ -174,6 +180,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if sess.share_line is not None:
         bad = sess.share_line.startswith("FAILED")
         terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
+    if sess.interrupted:
+        terminalreporter.write_line("kvaudit: interrupted: no claim judged on the whole run, no report written", yellow=True)
+        return
     rep = sess.report if sess.report is not None else run_report(sess)
     if rep is None:
         if sess.error:
@@ -208,6 +217,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sess.share_line = sess.finish_share(ctl.dir if ctl else None, ctl.workers if ctl else 0)
         if sess.share_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        sess.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
+        return
     rep = sess.report = run_report(sess)
     if rep is None:
         return

@@ -12,6 +12,7 @@ from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.files import atomic_write_text
 
 if TYPE_CHECKING:
+    from pytest_kvaudit.dist.stop import StopFlag
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.store import Store
 
@@ -25,10 +26,14 @@ def write_shard_error(folder: Path, index: int, message: str) -> None:
     atomic_write_text(folder / f"shard-{index}.error", message)
 
 
-def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None) -> dict[str, Any]:
-    """Wait for every shard; returns {"exports": [...], "dead": [index...], "error": message or None}."""
+def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None,
+                   stop: StopFlag | None = None) -> dict[str, Any]:
+    """Wait for every shard (or for the run's stop flag); returns {"exports": [...], "dead": [index...],
+    "error": message or None}."""
     start = time.monotonic()
     while True:
+        if stop is not None:
+            stop.check()
         done: dict[int, Path | None] = {}
         dead: list[int] = []
         error: str | None = None
@@ -89,11 +94,11 @@ def finish_share(share: tuple[int, int], folder: Path, written: Path | None, err
     return f"shard {i}/{n} recorded to {written}: judge all {n} with --kvaudit-merge={folder}", written
 
 
-def merge_shards(cfg: AuditConfig, count: int, folder: Path) -> Store:
-    """The store of this run from every xdist worker's shard (waiting for them)."""
+def merge_shards(cfg: AuditConfig, count: int, folder: Path, stop: StopFlag | None = None) -> Store:
+    """The store of this run from every xdist worker's shard (waiting for them, unless the run stops)."""
     from pytest_kvaudit.engine.store import Store
 
-    got = collect_shards(folder, count)
+    got = collect_shards(folder, count, stop=stop)
     if got["error"]:
         raise KvauditError(got["error"])
     cfg, item_set = Store.resolve(cfg)
