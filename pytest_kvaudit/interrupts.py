@@ -36,7 +36,10 @@ class Interrupts:
         self.role, self.name = role, name
         self.flag = StopFlag(folder)
         self.watcher: Watcher | None = None
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}  # the handlers this process had before kvaudit's
+        self.session: pytest.Session | None = None
+        self.late: str | None = None  # a signal that arrived after the tests had run
+        self.active = role != "single"  # a single process only once it collected a kvaudit test
 
     # -- signals ----------------------------------------------------------------------------------
     def _install(self, signums: tuple[int, ...]) -> bool:
@@ -56,6 +59,21 @@ class Interrupts:
         if self.flag.trip():
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
+    def _defer(self) -> None:
+        """The tests have run: a signal now would cut the session's end (reports, xdist's teardown) short with a
+        traceback. So the first one is noted (the run then exits 2, :meth:`pytest_unconfigure`) and the end
+        goes on; a second acts as it did before."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(s, signal.getsignal(s))
+            signal.signal(s, self._on_late_signal)
+
+    def _on_late_signal(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        if self.flag.trip():
+            self.late = signal.Signals(signum).name
+
     def _restore(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for s, handler in self._previous.items():
@@ -74,7 +92,15 @@ class Interrupts:
     @pytest.hookimpl
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.role == "single" and any(map(uses_store, session.items)):
-            self._install((signal.SIGTERM,))  # a run without kvaudit tests keeps SIGTERM as it was
+            self.active = self._install((signal.SIGTERM,))  # a run without kvaudit tests keeps its signals
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        self.session = session
+        result = yield  # an interrupt here raises through pytest's own Ctrl-C path
+        if self.active:
+            self._defer()
+        return result
 
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -100,6 +126,12 @@ class Interrupts:
         if self.watcher is not None:
             self.watcher.close()
         self._restore()
+        if self.late is not None and self.session is not None:
+            # read by pytest after this hook: the run was interrupted, although every test had run
+            self.session.exitstatus = pytest.ExitCode.INTERRUPTED
+            tr = config.pluginmanager.get_plugin("terminalreporter")
+            if tr is not None and self.role != "worker":
+                tr.write_line(f"kvaudit: {self.late} while the run was ending: it ended first; exit status 2", yellow=True)
 
 
 def register(config: pytest.Config, folder: Path | None) -> Interrupts:
