@@ -53,7 +53,8 @@ def interrupted_run(pytester: pytest.Pytester, target: str, sig: signal.Signals)
                             start_new_session=True)
     assert proc.stdout is not None
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True).start()
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
     deadline = time.monotonic() + 180
     while not any("kvaudit: items done" in line for line in lines) and time.monotonic() < deadline:
         assert proc.poll() is None, "".join(lines)
@@ -73,7 +74,9 @@ def interrupted_run(pytester: pytest.Pytester, target: str, sig: signal.Signals)
     left = [p for p in [proc.pid, *workers] if alive(p)]
     if left:
         os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
+        proc.wait()
+    reader.join(timeout=10)
+    proc.stdout.close()
     return rc, "".join(lines), elapsed, left
 
 
