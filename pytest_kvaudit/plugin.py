@@ -177,6 +177,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
         for line in plan_lines(sess.plan):
             terminalreporter.write_line(line)
+    if sess.gate_line is not None:
+        terminalreporter.write_line(f"kvaudit: FAILED: {sess.gate_line}", red=True)
     if sess.share_line is not None:
         bad = sess.share_line.startswith("FAILED")
         terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
@@ -220,6 +222,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
         sess.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
         return
+    _gate_unread_thresholds(session, sess)
     rep = sess.report = run_report(sess)
     if rep is None:
         return
@@ -243,6 +246,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # with (a refused recording leaves both as they were)
         path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
+
+
+def _gate_unread_thresholds(session: pytest.Session, sess: KvauditSession) -> None:
+    """--kvaudit-strict: a threshold line that no judged claim read fails the run (a typo would gate nothing).
+    Only in a run that judged claims: a share's claims skip by design (its merge is the gate)."""
+    if not sess.strict or not sess.claims or sess.share is not None:
+        return
+    unread = opt.unread_thresholds(sess.thresholds, sess.claims)
+    if unread:
+        from pytest_kvaudit.claims import registered
+
+        sess.gate_line = opt.unread_thresholds_message(unread, sess.claims, registered())
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:

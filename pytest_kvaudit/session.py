@@ -46,6 +46,7 @@ class KvauditSession:
     merge: Path | None = None  # --kvaudit-merge: judge the partials under this folder, compute nothing
     written: Path | None = None  # the partial this run wrote
     share_line: str | None = None  # the share's outcome, for the terminal summary
+    gate_line: str | None = None  # why --kvaudit-strict failed a run whose claims passed (unread thresholds)
     controller: Any = None  # the XdistController, on an xdist controller
     started: float = field(default_factory=time.perf_counter)
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
