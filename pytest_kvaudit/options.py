@@ -284,3 +284,17 @@ def unknown_claims_message(unknown: list[str], claims: Iterable[Any]) -> str:
     return (f"{THRESHOLDS_INI}: no claim named {', '.join(map(repr, unknown))}; known claims: "
             f"{', '.join(sorted(c.name for c in claims))} (a claim of your own must be registered by a collected "
             "test file or a conftest.py)")
+
+
+def unread_thresholds(thresholds: Mapping[str, Mapping[str, float]], judged: Iterable[str]) -> list[str]:
+    """The threshold lines (as ``claim.key=value``) of claims this run never judged: no claim read them."""
+    seen = set(judged)
+    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen for key, val in keys.items()]
+
+
+def unread_thresholds_message(lines: list[str], judged: Iterable[str], claims: Iterable[Any]) -> str:
+    """Under --kvaudit-strict a threshold nobody read fails the run: a CI gate with a typo would gate nothing."""
+    judged = sorted(judged)
+    known = sorted({c.name for c in claims} | set(judged))
+    return (f"{STRICT}: {THRESHOLDS_INI} line{'s' if len(lines) > 1 else ''} {', '.join(map(repr, lines))} read by no "
+            f"claim of this run (judged: {', '.join(judged)}); known claims: {', '.join(known)}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvaudit import interrupts
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.run_report import run_report
@@ -65,13 +66,18 @@ def pytest_configure(config: pytest.Config) -> None:
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
             config.args.append(suites)
+    folder = None  # the xdist run's shard folder, where its stop flag lives
     if config.pluginmanager.hasplugin("xdist"):
-        from pytest_kvaudit.xdist_glue import XdistController, worker_shard
+        from pytest_kvaudit.xdist_glue import XdistController, shard_folder, worker_shard
 
-        sess.shard = worker_shard(config)
+        sess.shard, folder = worker_shard(config), shard_folder(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             sess.controller = XdistController()
             config.pluginmanager.register(sess.controller, "kvaudit-xdist")
+            folder = sess.controller.dir
+    sess.stop = interrupts.register(config, folder).flag
+    if sess.controller is not None:
+        sess.controller.stop = sess.stop
 
 
 def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
@@ -173,9 +179,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
         for line in plan_lines(sess.plan):
             terminalreporter.write_line(line)
+    if sess.gate_line is not None:
+        terminalreporter.write_line(f"kvaudit: FAILED: {sess.gate_line}", red=True)
     if sess.share_line is not None:
         bad = sess.share_line.startswith("FAILED")
         terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
+    if sess.interrupted:
+        terminalreporter.write_line("kvaudit: interrupted: no claim judged on the whole run, no report written", yellow=True)
+        return
     rep = sess.report if sess.report is not None else run_report(sess)
     if rep is None:
         if sess.error:
@@ -210,6 +221,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sess.share_line = sess.finish_share(ctl.dir if ctl else None, ctl.workers if ctl else 0)
         if sess.share_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        sess.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
+        return
+    _gate_unread_thresholds(session, sess)
     rep = sess.report = run_report(sess)
     if rep is None:
         return
@@ -232,6 +247,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # with (a refused recording leaves both as they were)
         path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
+
+
+def _gate_unread_thresholds(session: pytest.Session, sess: KvauditSession) -> None:
+    """--kvaudit-strict: a threshold line that no judged claim read fails the run (a typo would gate nothing).
+    Only in a run that judged claims: a share's claims skip by design (its merge is the gate)."""
+    if not sess.strict or not sess.claims or sess.share is not None:
+        return
+    unread = opt.unread_thresholds(sess.thresholds, sess.claims)
+    if unread:
+        from pytest_kvaudit.claims import registered
+
+        sess.gate_line = opt.unread_thresholds_message(unread, sess.claims, registered())
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:

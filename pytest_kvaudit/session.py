@@ -16,6 +16,7 @@ from pytest_kvaudit.engine.errors import KvauditError
 
 if TYPE_CHECKING:
     from pytest_kvaudit.claims.base import ClaimResult
+    from pytest_kvaudit.dist.stop import StopFlag
     from pytest_kvaudit.engine.store import Store
 
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
@@ -45,6 +46,7 @@ class KvauditSession:
     merge: Path | None = None  # --kvaudit-merge: judge the partials under this folder, compute nothing
     written: Path | None = None  # the partial this run wrote
     share_line: str | None = None  # the share's outcome, for the terminal summary
+    gate_line: str | None = None  # why --kvaudit-strict failed a run whose claims passed (unread thresholds)
     controller: Any = None  # the XdistController, on an xdist controller
     started: float = field(default_factory=time.perf_counter)
     notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
@@ -52,6 +54,8 @@ class KvauditSession:
     plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
     report: dict[str, Any] | None = None  # the run's report, once built at the session's end
     collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
+    stop: StopFlag | None = None  # the run's stop flag, shared by an xdist run's processes (:mod:`.interrupts`)
+    interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
 
     @property
     def report_path(self) -> Path | None:
@@ -193,7 +197,7 @@ class KvauditSession:
             store = self._open()
             if index == 0:  # one worker prices the whole run
                 store.plan = self.make_plan(store, count)
-            queue = WorkQueue(folder, index, len(store.items))
+            queue = WorkQueue(folder, index, len(store.items), stop=self.stop)
             store.compute(progress=shard_writer(folder, index), queue=queue,
                           nominal=WorkQueue.nominal(len(store.items), index, count))
             write_shard(folder, index, self.export(store) if self.share is not None else store.export())
@@ -206,7 +210,7 @@ class KvauditSession:
         from pytest_kvaudit.dist.merge import merge_shards
 
         assert self.shard is not None
-        return merge_shards(self.config, self.shard[1], self.shard[2])
+        return merge_shards(self.config, self.shard[1], self.shard[2], self.stop)
 
     def _merge_partials(self) -> Store:
         from pytest_kvaudit.dist.merge import merge_partials

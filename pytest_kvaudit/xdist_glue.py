@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pytest_kvaudit.dist.stop import StopFlag
 from pytest_kvaudit.progress import ShardProgress, printer
 
 SHARD_DIR = "kvaudit_shard_dir"
@@ -30,6 +31,7 @@ class XdistController:
         self.dir = Path(tempfile.mkdtemp(prefix="kvaudit-shards-"))
         self.progress: ShardProgress | None = None
         self.workers = 0  # xdist's worker count, known once the first node is configured
+        self.stop: StopFlag | None = None  # the run's stop flag (:mod:`.interrupts`)
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -50,15 +52,27 @@ class XdistController:
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        wid = str(node.workerinput.get("workerid", ""))
+        interrupted = (getattr(node, "workeroutput", None) or {}).get("exitstatus") == pytest.ExitCode.INTERRUPTED
+        if error is None and interrupted and self.stop is not None and self.stop.trip():
+            # a worker was interrupted (a signal to it alone, or the run's stop flag): so is the run. Raised here,
+            # before xdist counts the worker as crashed, fails the test it held and starts a replacement
+            self.stop.request(f"{wid} was interrupted")
+            raise KeyboardInterrupt(f"{wid} was interrupted")
         if error is None:
             return
-        wid = str(node.workerinput.get("workerid", ""))
         if wid.startswith("gw"):
             (self.dir / f"shard-{wid[2:]}.dead").write_text(str(error)[:2000])
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def shard_folder(config: pytest.Config) -> Path | None:
+    """On an xdist worker: the run's shard folder (its stop flag lives there), whatever the worker's index."""
+    wi = getattr(config, "workerinput", None)
+    return Path(wi[SHARD_DIR]) if wi and SHARD_DIR in wi else None
 
 
 def worker_shard(config: pytest.Config) -> tuple[int, int, Path] | None:

@@ -471,3 +471,32 @@ def test_claim(kvaudit_judge):
     res.stdout.fnmatch_lines(["*checkpoint */ck lacks 3 weight(s) that config.json asks for, e.g. model.layers.0.mlp.*"])
     out = res.stdout.str() + res.stderr.str()
     assert "Traceback" not in out and "LOAD REPORT" not in out
+
+
+BRIDGE = """
+import pytest
+
+@pytest.mark.kvaudit_claim("bridge_bitexact")
+def test_bridge(kvaudit_judge):
+    kvaudit_judge.claim()
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["n0", "n2"])
+def test_a_threshold_no_claim_read_fails_a_strict_gate(pytester: pytest.Pytester, tiny_llama: Path,
+                                                       xdist: list[str]) -> None:
+    """A CI gate with a typo in a threshold would gate nothing: under --kvaudit-strict the run fails, naming the
+    line and the known claims; without it the line is only named (a run of a few files may leave lines unread)."""
+    pytester.makepyfile(test_mine=BRIDGE)
+    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    bridge_bitexact.min_units=1\n    no_such_claim.min_units=1\n")
+    args = [*xdist, f"--kvaudit-model={tiny_llama}", "--kvaudit-n=2", "--kvaudit-dtypes=fp32", "-p", "no:cacheprovider",
+            "test_mine.py"]
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
+    res = pytester.runpytest_subprocess(*args, "--kvaudit-strict")
+    res.assert_outcomes(passed=1)
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    res.stdout.fnmatch_lines(["kvaudit: FAILED: --kvaudit-strict: kvaudit_thresholds line 'no_such_claim.min_units=1' "
+                              "read by no claim of this run (judged: bridge_bitexact); known claims: bridge_bitexact, "
+                              "donor_following, *"])
+    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    bridge_bitexact.min_units=1\n")
+    assert pytester.runpytest_subprocess(*args, "--kvaudit-strict").ret == pytest.ExitCode.OK

@@ -12,6 +12,7 @@ from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.files import atomic_write_text
 
 if TYPE_CHECKING:
+    from pytest_kvaudit.dist.stop import StopFlag
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.store import Store
 
@@ -25,10 +26,14 @@ def write_shard_error(folder: Path, index: int, message: str) -> None:
     atomic_write_text(folder / f"shard-{index}.error", message)
 
 
-def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None) -> dict[str, Any]:
-    """Wait for every shard; returns {"exports": [...], "dead": [index...], "error": message or None}."""
+def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None,
+                   stop: StopFlag | None = None) -> dict[str, Any]:
+    """Wait for every shard (or for the run's stop flag); returns {"exports": [...], "dead": [index...],
+    "error": message or None}."""
     start = time.monotonic()
     while True:
+        if stop is not None:
+            stop.check()
         done: dict[int, Path | None] = {}
         dead: list[int] = []
         error: str | None = None

@@ -24,6 +24,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.dist.stop import StopFlag
 
 
 from pytest_kvaudit.engine.work import LostItem, within
@@ -33,9 +37,11 @@ class WorkQueue:
     """One run's queue over ``size`` items, shared by the workers through ``folder``: a
     :class:`~pytest_kvaudit.engine.work.WorkSource`."""
 
-    def __init__(self, folder: Path, worker: int, size: int, poll: float = 0.05, timeout: float = 3600.0) -> None:
+    def __init__(self, folder: Path, worker: int, size: int, poll: float = 0.05, timeout: float = 3600.0,
+                 stop: StopFlag | None = None) -> None:
         self.folder, self.worker, self.size = folder, worker, size
         self.poll, self.timeout = poll, timeout
+        self.stop = stop  # the run's stop flag: checked before each item and in every wait
         self.log = folder / f"done-{worker}.jsonl"
         # what this worker knows: (phase, index) -> (flagged, prefix); re-read from the logs when it must
         self.known: dict[tuple[int, int], tuple[bool, list[int] | None]] = {}
@@ -45,6 +51,7 @@ class WorkQueue:
         """The next untaken item index of ``phase`` (a precision), or None when every one is taken."""
         import fcntl  # POSIX: xdist work sharing needs it; a plain run never imports it
 
+        self._check_stop()
         counter = self.folder / f"queue-{phase}"
         with open(self.folder / "queue.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -92,7 +99,13 @@ class WorkQueue:
             unknown = sum(1 for u in before if u not in self.known)
             if all(flagged >= b or flagged + unknown < b for b in budgets) or self._failed(start):
                 return within(flagged, budgets)
+            self._check_stop()
             time.sleep(self.poll)
+
+    def _check_stop(self) -> None:
+        """Another process was interrupted: stop here rather than wait for (or take) work nobody will judge."""
+        if self.stop is not None:
+            self.stop.check()
 
     def _failed(self, start: float) -> list[str]:
         failed = [p.name for p in self.folder.glob("shard-*") if p.suffix in (".error", ".dead")]
@@ -108,6 +121,7 @@ class WorkQueue:
                 break
             if failed := self._failed(start):
                 raise LostItem(f"item {index}: {', '.join(failed)}")
+            self._check_stop()
             time.sleep(self.poll)
         p = self.known[(phase, index)][1]
         return None if p is None else tuple(p)
