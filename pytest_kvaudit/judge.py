@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvaudit import verdicts
 from pytest_kvaudit.claims import base as claims
 from pytest_kvaudit.engine.errors import KvauditError
 
@@ -68,11 +69,11 @@ class Judge:
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
         if claim is not None and self.session.wants_sections:
-            from pytest_kvaudit.session import run_info
+            from pytest_kvaudit.run_report import run_info
 
             run = self.session.run_info or run_info(self.store, self.session.config)
             display["html"] = claim.html(result.to_dict(), run)
-        self.session.record(result, display, self.node)
+        verdicts.record(self.session, result, display, self.node)
         if result.status == claims.FAIL:
             pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
         if result.status == claims.INCONCLUSIVE:

@@ -6,7 +6,6 @@ names are module constants that tests import. Bad values are one-line ``pytest.U
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from pytest_kvaudit.engine.config import (
     parse_device,
     parse_dtypes,
     parse_int,
-    parse_threshold_value,
 )
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.report.writers import WRITERS
@@ -243,58 +241,3 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
         raise pytest.UsageError(f"{CLAIMS}: unknown claim {', '.join(map(repr, unknown))}; built-in claims are "
                                 f"{', '.join(known)} (or all, or none to run only your own)")
     return names
-
-
-def parse_thresholds(lines: list[str]) -> dict[str, dict[str, float]]:
-    """``claim.key=number`` lines -> {claim: {key: value}}; the syntax and the numbers are checked here,
-    the names by :func:`check_thresholds` against the claims registered so far."""
-    out: dict[str, dict[str, float]] = {}
-    for line in lines:
-        key, sep, val = line.partition("=")
-        claim, dot, name = key.strip().partition(".")
-        if not sep or not dot or not claim or not name.strip():
-            raise pytest.UsageError(f"{THRESHOLDS_INI}: {line!r} is not 'claim.key=number'")
-        try:
-            out.setdefault(claim, {})[name.strip()] = parse_threshold_value(f"{THRESHOLDS_INI}: {line.strip()!r}", val)
-        except KvauditError as exc:
-            raise pytest.UsageError(str(exc)) from None
-    return out
-
-
-def check_thresholds(thresholds: Mapping[str, Mapping[str, float]], audit: AuditConfig,
-                     claims: Iterable[Any]) -> list[str]:
-    """Check the keys of every threshold line whose claim is in ``claims`` (registered ones); return the
-    claim names not among them, in order. An unknown key is a one-line usage error naming the known ones."""
-    known = {c.name: c for c in claims}
-    unknown: list[str] = []
-    for name, keys in thresholds.items():
-        if name not in known:
-            unknown.append(name)
-            continue
-        have = known[name].defaults(audit)
-        bad = [k for k in keys if k not in have]
-        if bad:
-            raise pytest.UsageError(
-                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are {', '.join(sorted(have))}"
-            )
-    return unknown
-
-
-def unknown_claims_message(unknown: list[str], claims: Iterable[Any]) -> str:
-    return (f"{THRESHOLDS_INI}: no claim named {', '.join(map(repr, unknown))}; known claims: "
-            f"{', '.join(sorted(c.name for c in claims))} (a claim of your own must be registered by a collected "
-            "test file or a conftest.py)")
-
-
-def unread_thresholds(thresholds: Mapping[str, Mapping[str, float]], judged: Iterable[str]) -> list[str]:
-    """The threshold lines (as ``claim.key=value``) of claims this run never judged: no claim read them."""
-    seen = set(judged)
-    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen for key, val in keys.items()]
-
-
-def unread_thresholds_message(lines: list[str], judged: Iterable[str], claims: Iterable[Any]) -> str:
-    """Under --kvaudit-strict a threshold nobody read fails the run: a CI gate with a typo would gate nothing."""
-    judged = sorted(judged)
-    known = sorted({c.name for c in claims} | set(judged))
-    return (f"{STRICT}: {THRESHOLDS_INI} line{'s' if len(lines) > 1 else ''} {', '.join(map(repr, lines))} read by no "
-            f"claim of this run (judged: {', '.join(judged)}); known claims: {', '.join(known)}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import interrupts
+from pytest_kvaudit import interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.run_report import run_report
@@ -47,21 +47,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "kvaudit_claim(name, **thresholds): a kvaudit claim test and its threshold overrides"
     )
     audit = opt.build_config(config)
-    thresholds = opt.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
-    if thresholds:  # built-in claims (and conftest ones) are known now; test files' own at collection
+    lines = thresholds.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
+    if lines:  # built-in claims (and conftest ones) are known now; test files' own at collection
         from pytest_kvaudit.claims import registered
 
-        opt.check_thresholds(thresholds, audit, registered())
+        thresholds.check_thresholds(lines, audit, registered())
     from pytest_kvaudit.report.writers import WRITERS
 
     outputs = {w.flag: path for w in WRITERS if (path := opt.output_path(config, w.flag)) is not None}
-    sess = KvauditSession(audit, config, thresholds, outputs, opt.value(config, opt.BASELINE),
+    sess = KvauditSession(audit, config, lines, outputs, opt.value(config, opt.BASELINE),
                           strict=opt.flag(config, opt.STRICT))
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
     sess.selection = opt.claim_selection(config)
     sess.plan_only = opt.flag(config, opt.PLAN)
-    sess.share, sess.partials, sess.merge = opt.shards(config)
+    topo = sess.topology
+    topo.shard, topo.partials, topo.merge = opt.shards(config)
     if _wants_builtin_claims(config, sess.selection):
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
@@ -70,14 +71,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         from pytest_kvaudit.xdist_glue import XdistController, shard_folder, worker_shard
 
-        sess.shard, folder = worker_shard(config), shard_folder(config)
+        topo.worker, folder = worker_shard(config), shard_folder(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             sess.controller = XdistController()
             config.pluginmanager.register(sess.controller, "kvaudit-xdist")
             folder = sess.controller.dir
-    sess.stop = interrupts.register(config, folder).flag
+    topo.stop = interrupts.register(config, folder).flag
     if sess.controller is not None:
-        sess.controller.stop = sess.stop
+        sess.controller.stop = topo.stop
 
 
 def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
@@ -165,6 +166,11 @@ def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSessio
     return Judge(kvaudit_session, request.node, kvaudit_store)  # type: ignore[arg-type]
 
 
+@pytest.hookimpl
+def pytest_collection_finish(session: pytest.Session) -> None:
+    thresholds.at_collection(session.config.stash[SESSION_KEY])
+
+
 # -- the report -----------------------------------------------------------------------------------
 @pytest.hookimpl
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -181,9 +187,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     if sess.gate_line is not None:
         terminalreporter.write_line(f"kvaudit: FAILED: {sess.gate_line}", red=True)
-    if sess.share_line is not None:
-        bad = sess.share_line.startswith("FAILED")
-        terminalreporter.write_line(f"kvaudit: {sess.share_line}", red=bad, green=not bad)
+    if sess.shard_line is not None:
+        bad = sess.shard_line.startswith("FAILED")
+        terminalreporter.write_line(f"kvaudit: {sess.shard_line}", red=bad, green=not bad)
     if sess.interrupted:
         terminalreporter.write_line("kvaudit: interrupted: no claim judged on the whole run, no report written", yellow=True)
         return
@@ -215,16 +221,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if sess.plan_only:
         _plan_only(session, sess)
         return
-    if sess.share is not None and not config.option.collectonly:
+    if sess.topology.shard is not None and not config.option.collectonly:
         # a share run succeeds only when its partial is written: the skipped claims alone would exit 0
         ctl = sess.controller
-        sess.share_line = sess.finish_share(ctl.dir if ctl else None, ctl.workers if ctl else 0)
-        if sess.share_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
+        sess.shard_line = sess.lifecycle.finish_shard(ctl.dir if ctl else None, ctl.workers if ctl else 0, sess.error)
+        if sess.shard_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
         sess.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
         return
-    _gate_unread_thresholds(session, sess)
+    thresholds.gate_unread(session, sess)
     rep = sess.report = run_report(sess)
     if rep is None:
         return
@@ -247,20 +253,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # with (a refused recording leaves both as they were)
         path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
-
-
-def _gate_unread_thresholds(session: pytest.Session, sess: KvauditSession) -> None:
-    """--kvaudit-strict: a threshold line that no judged claim read fails the run (a typo would gate nothing).
-    Only in a run that judged claims: a share's claims skip by design (its merge is the gate)."""
-    if not sess.strict or not sess.claims or sess.share is not None:
-        return
-    unread = opt.unread_thresholds(sess.thresholds, sess.claims)
-    if unread:
-        from pytest_kvaudit.claims import registered
-
-        sess.gate_line = opt.unread_thresholds_message(unread, sess.claims, registered())
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:

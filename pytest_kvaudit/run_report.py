@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
     from pytest_kvaudit.session import KvauditSession
 
 
@@ -44,3 +46,27 @@ def run_report(sess: KvauditSession) -> dict[str, Any] | None:
         except KvauditError as exc:
             rep["baseline"] = {"path": sess.baseline, "error": str(exc), "changes": []}
     return rep
+
+
+def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
+    """What the report needs from the store, as plain data (shipped once to the controller)."""
+    from pytest_kvaudit.claims import registered
+    from pytest_kvaudit.claims.analyses import build as analyses
+    from pytest_kvaudit.claims.needs import minimal_tokens
+    from pytest_kvaudit.engine.itemcheck import item_set_name
+    from pytest_kvaudit.engine.pricing import price
+    from pytest_kvaudit.report.document import items_block
+
+    # the least work is what every registered claim needs, whichever this run selected: the overhead figure
+    # must not move with -k
+    minimal = sum(minimal_tokens(registered(), list(store.records.values()), store.cfg).values())
+    return {
+        "analyses": analyses(list(store.records.values()), config.sweep_units),
+        "model": store.identity,
+        "environment": store.environment,
+        "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store.item_set)},
+        "cost": {"forward_calls": store.cost.forward_calls, "forward_tokens": store.cost.forward_tokens,
+                 "minimal_forward_tokens": minimal, "seconds": store.cost.seconds, "stages": dict(store.stages)},
+        # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens
+        "plan": {**store.plan, "priced_after_run": price(store.records.values())} if store.plan else {},
+    }

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_kvaudit import options as opt
+from pytest_kvaudit import thresholds
 from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 
@@ -201,10 +202,10 @@ def test_garbage_numeric_values_never_escape_as_a_traceback(flag: str, raw: str)
 def test_threshold_keys_of_builtin_claims_are_checked_without_a_run() -> None:
     from pytest_kvaudit.claims import registered
 
-    th = opt.parse_thresholds(["donor_following.min_units=1", "my_own.x=2"])
-    assert opt.check_thresholds(th, AuditConfig(), registered()) == ["my_own"]
+    th = thresholds.parse_thresholds(["donor_following.min_units=1", "my_own.x=2"])
+    assert thresholds.check_thresholds(th, AuditConfig(), registered()) == ["my_own"]
     with pytest.raises(pytest.UsageError, match="its thresholds are confidence, min_units"):
-        opt.check_thresholds(opt.parse_thresholds(["donor_following.min=1"]), AuditConfig(), registered())
+        thresholds.check_thresholds(thresholds.parse_thresholds(["donor_following.min=1"]), AuditConfig(), registered())
 
 
 # -- B. items -------------------------------------------------------------------------------------------

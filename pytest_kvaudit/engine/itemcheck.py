@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_kvaudit.engine.builtin_items import builtin_item_set
-from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
 from pytest_kvaudit.engine.loading import resolve_checkpoint
@@ -52,3 +52,12 @@ def check_prompt_ids(item_set: ItemSet, vocab_size: int, model: str) -> None:
                 f"{item.where or item_set.path}: item {item.id!r}: prompt id {bad} is outside the vocabulary of "
                 f"{model} ({vocab_size} ids, 0..{vocab_size - 1}): the ids come from another tokenizer"
             )
+
+
+def item_set_name(item_set: ItemSet) -> str:
+    """The item set as a report names it: its file, the embedded checkpoint's set, or the built-in set's name."""
+    path = item_set.path
+    p = str(path)
+    if p.startswith("<") and p.endswith(">"):
+        return p[1:-1]
+    return f"{EMBEDDED_NAME}:{path.name}" if path.resolve().parent == EMBEDDED_DIR.resolve() else p

@@ -1,0 +1,104 @@
+"""The store's lifecycle over the processes of one run, apart from pytest.
+
+A run's store comes from one of four places, decided by the run's :class:`Topology`:
+
+* computed here (one process, ``-n 0``);
+* computed by xdist workers, each taking items from the shared queue and writing its export, then merged in
+  a single run's order (:meth:`Lifecycle.compute_worker`, :meth:`Lifecycle.obtain`);
+* a runner's shard (``--kvaudit-shard=I/N``), computed here or by its workers and written as a partial;
+* merged from every runner's partial (``--kvaudit-merge``), computing nothing.
+
+The pytest side only joins this to pytest: which process it is, the faults hook, progress printing, and
+turning an error into a test outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_kvaudit.dist.exports import export, finish_share, write_partial, write_shard, write_shard_error
+from pytest_kvaudit.dist.merge import merge_partials, merge_shards
+from pytest_kvaudit.dist.queue import WorkQueue
+from pytest_kvaudit.dist.topology import Topology
+from pytest_kvaudit.engine.config import AuditConfig
+from pytest_kvaudit.engine.decoder import NO_FAULTS, Faults
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.itemcheck import item_set_name
+from pytest_kvaudit.engine.runtime import prepare
+from pytest_kvaudit.engine.store import Store
+from pytest_kvaudit.engine.tally import Progress
+
+#: (store, workers) -> the run's plan block, priced before the store computes
+PlanFn = Callable[[Store, int], dict[str, Any]]
+
+
+@dataclass
+class Lifecycle:
+    """One run's store, obtained once, whichever process this is."""
+
+    config: AuditConfig
+    topology: Topology
+    faults: Faults = NO_FAULTS
+    written: Path | None = None  # the partial this runner wrote
+
+    def open(self) -> Store:
+        """The run's store, nothing computed yet, with torch set up for this process."""
+        index = self.topology.worker[0] if self.topology.worker is not None else None
+        return Store.open(prepare(self.config, index), self.faults, self.topology.shard or (0, 1))
+
+    def obtain(self, plan: PlanFn, progress: Progress | None) -> Store | None:
+        """The store the claims judge: merged from the runners' partials, merged from the xdist workers'
+        exports, or computed here (a runner's shard is also written as its partial). None on an xdist worker
+        of a runner's shard: its part went into the export that the partial is written from."""
+        t = self.topology
+        if t.merge is not None:
+            self.config, store = merge_partials(self.config, t.merge)
+            return store
+        if t.worker is not None:
+            return None if t.shard is not None else merge_shards(self.config, t.worker[1], t.worker[2], t.stop)
+        store = self.open()
+        store.plan = plan(store, 1)
+        store.compute(progress=progress)
+        if t.shard is not None:
+            assert t.partials is not None
+            self.written = write_partial(t.partials, t.shard, [export(store, item_set_name(store.item_set))])
+        return store
+
+    def compute_worker(self, plan: PlanFn, progress: Progress, error: str | None) -> str | None:
+        """On an xdist worker, before any test: take items from the queue until none is left and write this
+        worker's export (or the run's usage ``error``, so every worker's claims fail with it). Returns the
+        error that ends this worker's part, if any.
+
+        Divergent items cost several times a plain one, so the workers take items one at a time from a shared
+        queue rather than fixed shares; records are merged back into a single run's order by
+        :func:`pytest_kvaudit.dist.merge.merged`, whoever computed them."""
+        assert self.topology.worker is not None
+        index, count, folder = self.topology.worker
+        if index < 0:
+            return None
+        if error is not None:
+            write_shard_error(folder, index, error)
+            return error
+        try:
+            store = self.open()
+            if index == 0:  # one worker prices the whole run
+                store.plan = plan(store, count)
+            queue = WorkQueue(folder, index, len(store.items), stop=self.topology.stop)
+            store.compute(progress=progress, queue=queue, nominal=WorkQueue.nominal(len(store.items), index, count))
+            data = export(store, item_set_name(store.item_set)) if self.topology.shard is not None else store.export()
+            write_shard(folder, index, data)
+        except KvauditError as exc:
+            write_shard_error(folder, index, str(exc))
+            return str(exc)
+        return None
+
+    def finish_shard(self, worker_folder: Path | None, workers: int, error: str | None) -> str:
+        """On the process that owns a runner's shard: its partial, written from the xdist workers' exports
+        when there are any; returns the summary line, starting with "FAILED" when nothing was written."""
+        t = self.topology
+        assert t.shard is not None and t.partials is not None
+        line, self.written = finish_share(t.shard, t.partials, self.written, error, worker_folder, workers)
+        return line
