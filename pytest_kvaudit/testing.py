@@ -86,6 +86,39 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
                               "mamba_d_state": 4, "mamba_chunk_size": 8}),
 }
 
+#: thresholds a zoo run of a few items can meet (a pytest ini), and the run's size: a few items, short
+#: suffixes, so that every family's six verdicts cost seconds
+ZOO_INI = """[pytest]
+kvaudit_thresholds =
+    replica_exactness.min_units=4
+    matched_construction.min_units=4
+    matched_construction.margin=1.0
+    fixed_prefix_2x2.max_rate=0.5
+    bridge_bitexact.min_units=4
+    donor_following.min_units=1
+"""
+ZOO_ITEMS, ZOO_MAX_NEW_TOKENS = 4, 12
+
+#: transformers' layer_types words -> the audit's layer kinds (what a layer carries between tokens)
+_KIND = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "linear_attention": "recurrent",
+         "mamba": "recurrent", "conv": "recurrent(conv)", "hybrid": "full+recurrent"}
+
+
+def layer_kinds(config: Any) -> list[str]:
+    """Each layer's kind from a model config: ``full``, ``sliding(W)``, ``recurrent``, ``full+recurrent``
+    (attention and SSM side by side in one layer), with `` NoPE`` for a full layer without rotary positions."""
+    n = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    if not types:
+        sliding = window and getattr(config, "use_sliding_window", True) is not False
+        types = ["mamba" if "mamba" in config.model_type else "sliding_attention" if sliding else "full_attention"] * n
+    kinds = [_KIND.get(t, t) for t in types[:n]]
+    kinds = [f"sliding({window})" if k == "sliding" else k for k in kinds]
+    nope = getattr(config, "no_rope_layers", None) or []
+    return [k + " NoPE" if i < len(nope) and not nope[i] else k for i, k in enumerate(kinds)]
+
+
 #: the sizes every tiny checkpoint gets, each passed only to a config that knows it (by name or through its
 #: ``attribute_map``, e.g. GPT-2's ``n_embd``), so one rule builds every family
 def _sizes(hidden: int, layers: int) -> dict[str, int]:
