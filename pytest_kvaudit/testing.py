@@ -86,6 +86,10 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
                               "mamba_d_state": 4, "mamba_chunk_size": 8}),
 }
 
+#: the zoo's seed where seed 0 draws a model that emits EOS before the boundary on some items (a run with
+#: no eligible item is honestly inconclusive everywhere, and so tests nothing); seed 1 reaches it on all
+ZOO_SEEDS: dict[str, int] = {"deepseek_v3": 1, "qwen3_next": 1, "qwen3": 1, "gpt_neox": 1, "gemma3_text": 1, "gpt_oss": 1}
+
 #: thresholds a zoo run of a few items can meet (a pytest ini), and the run's size: a few items, short
 #: suffixes, so that every family's six verdicts cost seconds
 ZOO_INI = """[pytest]
@@ -171,13 +175,14 @@ def write_items(out: Path, n: int = 16, boundary: str = "tokens:4", max_new_toke
     return path
 
 
-def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 32,
+def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int | None = None, layers: int = 2, hidden: int = 32,
                     n_items: int = 16, boundary: str = "tokens:4", max_new_tokens: int = 24,
                     safetensors: bool = True, chat_template: bool = False, zoo: bool = False) -> Path:
     """Write a random ``arch`` checkpoint with tokenizer and items to ``out``; return ``out``.
 
     ``chat_template`` gives the tokenizer ``CHAR_CHAT_TEMPLATE`` (without it the tokenizer has none).
-    ``zoo`` takes ``arch``'s config from :data:`ZOO` (where windows slide) rather than :data:`ARCHITECTURES`.
+    ``zoo`` takes ``arch``'s config from :data:`ZOO` (where windows slide) rather than :data:`ARCHITECTURES`,
+    and its seed, unless given, from :data:`ZOO_SEEDS` (else 0).
     """
     import torch
     import transformers
@@ -191,7 +196,7 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers:
     common: dict[str, Any] = {"vocab_size": len(v), "pad_token_id": v["<pad>"], "eos_token_id": v["<eos>"],
                               "bos_token_id": v["<eos>"]}
     cfg = cfg_cls(**common, **{**_known(cfg_cls, _sizes(hidden, layers)), **extra})
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if seed is not None else ZOO_SEEDS.get(arch, 0) if zoo else 0)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(str(out))
     if not safetensors:  # an old-style pickle checkpoint (transformers 5 writes safetensors only)
