@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
 
 
-@dataclass
+@dataclass(eq=False)  # registered as a plugin: pluggy keeps plugins in sets, so it must stay hashable
 class KvauditSession:
     """The run's state: what it is asked to do, what it computed and what its claims said."""
 

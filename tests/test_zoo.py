@@ -42,6 +42,17 @@ def family(name: str) -> object:
     return pytest.param(name, id=name, marks=marks)
 
 
+@pytest.fixture(scope="module")
+def zoo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The family's tiny checkpoint, built before the test's pytester starts: pytester drops the modules a
+    test imported when it ends, and torch's or a model's modules imported twice in one process break it
+    (torch.library refuses a second registration; a second ``import torch`` segfaults)."""
+    name = request.param
+    ck = tiny_checkpoint(tmp_path_factory.mktemp(name), name, n_items=ZOO_ITEMS, max_new_tokens=ZOO_MAX_NEW_TOKENS,
+                         zoo=True)
+    return name, ck
+
+
 @pytest.fixture
 def builtin_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs as a user's: the built-in suite joins (the self-tests' default keeps it out)."""
@@ -62,9 +73,9 @@ def test_every_zoo_family_is_named_once_and_awaits_nothing_unknown() -> None:
 
 
 @pytest.mark.usefixtures("builtin_claims")
-@pytest.mark.parametrize("name", [family(f) for f in ZOO])
-def test_the_audit_judges_every_family(pytester: pytest.Pytester, tmp_path: Path, name: str) -> None:
-    ck = tiny_checkpoint(tmp_path / name, name, n_items=ZOO_ITEMS, max_new_tokens=ZOO_MAX_NEW_TOKENS, zoo=True)
+@pytest.mark.parametrize("zoo", [family(f) for f in ZOO], indirect=True)
+def test_the_audit_judges_every_family(pytester: pytest.Pytester, zoo: tuple[str, Path]) -> None:
+    name, ck = zoo
     res, data = run_zoo(pytester, ck)
     errors = [line for line in res.stdout.lines if line.startswith("ERROR ")]
     if name in REFUSED:  # one line, naming the architecture and why, and no verdict
@@ -104,10 +115,10 @@ def pytest_kvaudit_faults(config):
 
 
 @pytest.mark.usefixtures("builtin_claims")
-@pytest.mark.parametrize("name", [family("llama"), family("bamba")])
-def test_noise_in_the_prefill_state_is_carried_by_whole_state_transplants(pytester: pytest.Pytester, tmp_path: Path,
-                                                                          name: str) -> None:
-    ck = tiny_checkpoint(tmp_path / name, name, n_items=ZOO_ITEMS, max_new_tokens=ZOO_MAX_NEW_TOKENS, zoo=True)
+@pytest.mark.parametrize("zoo", [family("llama"), family("bamba")], indirect=True)
+def test_noise_in_the_prefill_state_is_carried_by_whole_state_transplants(pytester: pytest.Pytester,
+                                                                          zoo: tuple[str, Path]) -> None:
+    _, ck = zoo
     pytester.makeconftest(PREFILL_NOISE)
     res, data = run_zoo(pytester, ck, "--kvaudit-claims=donor_following")
     c = data["claims"]["donor_following"]
