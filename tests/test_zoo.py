@@ -22,7 +22,6 @@ CLAIMS = {"replica_exactness", "matched_construction", "fixed_prefix_2x2", "brid
           "donor_following"}
 VERDICTS = {"pass", "fail", "inconclusive"}
 
-_EMPTY = "fingerprinting a sliding layer's empty tensor (memoryview: cannot cast view with zeros in shape)"
 _COUNTER = "a recurrent layer's 0-d counter (self.dim() cannot be 0 to view Long as Byte)"
 #: families that end in test errors today, each with the error; they must get verdicts once the per-layer
 #: state adapters (engine/state/) replace engine/cache.py, and the lead empties this set after merging them.
