@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from pytest_kvaudit.dist.lifecycle import Lifecycle
     from pytest_kvaudit.engine.store import Store
 
-@dataclass
+
+@dataclass(eq=False)  # registered as a plugin: pluggy keeps plugins in sets, so it must stay hashable
 class KvauditSession:
     """The run's state: what it is asked to do, what it computed and what its claims said."""
 

@@ -35,6 +35,107 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
                                      "shared_expert_intermediate_size": 32}),
 }
 
+#: a window shorter than prompt + boundary (7 + 4 tokens with the built-in tiny items), so it really slides
+ZOO_WINDOW = 8
+_SLIDE_FULL = {"sliding_window": ZOO_WINDOW, "layer_types": ["sliding_attention", "full_attention"]}
+_MOE = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+#: the zoo: one tiny config per family of transformers' causal-LM mapping that builds from a small config.
+#: Only what a family needs beyond :func:`tiny_checkpoint`'s common sizes is spelled here, found by
+#: instantiating (transformers 5.25); hybrids hold an attention and a recurrent layer, sliding windows slide.
+ZOO: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ARCHITECTURES["llama"],
+    "qwen2": ARCHITECTURES["qwen2"],
+    "qwen3": ARCHITECTURES["qwen3"],
+    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, **_MOE}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "phi3": ARCHITECTURES["phi3"],
+    "deepseek_v3": ("DeepseekV3Config", {  # multi-head latent attention (MLA: one K/V head per query head)
+        "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+        "n_routed_experts": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+        **_MOE}),
+    "bloom": ("BloomConfig", {}),  # ALiBi
+    "gpt_neox": ("GPTNeoXConfig", {}),
+    "falcon": ("FalconConfig", {}),
+    "opt": ("OPTConfig", {"ffn_dim": 64, "word_embed_proj_dim": 32}),
+    "gptj": ("GPTJConfig", {"rotary_dim": 4}),
+    "gpt_bigcode": ("GPTBigCodeConfig", {"multi_query": True}),
+    "cohere": ("CohereConfig", {}),
+    "glm4": ("Glm4Config", {"head_dim": 8}),
+    "granite": ("GraniteConfig", {}),
+    "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2}),  # every second layer without RoPE (NoPE)
+    "mistral": ("MistralConfig", {"sliding_window": ZOO_WINDOW}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16, **_SLIDE_FULL}),
+    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16, **_SLIDE_FULL}),
+    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, **_SLIDE_FULL}),
+    "starcoder2": ("Starcoder2Config", {"sliding_window": ZOO_WINDOW}),
+    "olmo3": ("Olmo3Config", _SLIDE_FULL),
+    "exaone4": ("Exaone4Config", _SLIDE_FULL),
+    "mamba": ARCHITECTURES["mamba"],
+    "jamba": ("JambaConfig", {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                              "expert_layer_offset": 1, "num_experts": 2, "num_experts_per_tok": 1,
+                              "mamba_d_state": 4, "mamba_dt_rank": 4, "use_mamba_kernels": False}),
+    "falcon_h1": ("FalconH1Config", {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1,
+                                     "mamba_d_state": 4, "mamba_chunk_size": 8, "head_dim": 8}),
+    "qwen3_next": ("Qwen3NextConfig", {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16,
+                                       "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                       "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4,
+                                       "shared_expert_intermediate_size": 32, **_MOE}),
+    "lfm2": ARCHITECTURES["lfm2"],
+    "bamba": ("BambaConfig", {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1,
+                              "mamba_d_state": 4, "mamba_chunk_size": 8}),
+}
+
+#: the zoo's seed where seed 0 draws a model that emits EOS before the boundary on some items (a run with
+#: no eligible item is honestly inconclusive everywhere, and so tests nothing); seed 1 reaches it on all
+ZOO_SEEDS: dict[str, int] = {"deepseek_v3": 1, "qwen3_next": 1, "qwen3": 1, "gpt_neox": 1, "gemma3_text": 1, "gpt_oss": 1}
+
+#: thresholds a zoo run of a few items can meet (a pytest ini), and the run's size: a few items, short
+#: suffixes, so that every family's six verdicts cost seconds
+ZOO_INI = """[pytest]
+kvaudit_thresholds =
+    replica_exactness.min_units=4
+    matched_construction.min_units=4
+    matched_construction.margin=1.0
+    fixed_prefix_2x2.max_rate=0.5
+    bridge_bitexact.min_units=4
+    donor_following.min_units=1
+"""
+ZOO_ITEMS, ZOO_MAX_NEW_TOKENS = 4, 12
+
+#: transformers' layer_types words -> the audit's layer kinds (what a layer carries between tokens)
+_KIND = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "linear_attention": "recurrent",
+         "mamba": "recurrent", "conv": "recurrent(conv)", "hybrid": "full+recurrent"}
+
+
+def layer_kinds(config: Any) -> list[str]:
+    """Each layer's kind from a model config: ``full``, ``sliding(W)``, ``recurrent``, ``full+recurrent``
+    (attention and SSM side by side in one layer), with `` NoPE`` for a full layer without rotary positions."""
+    n = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    if not types:
+        sliding = window and getattr(config, "use_sliding_window", True) is not False
+        types = ["mamba" if "mamba" in config.model_type else "sliding_attention" if sliding else "full_attention"] * n
+    kinds = [_KIND.get(t, t) for t in types[:n]]
+    kinds = [f"sliding({window})" if k == "sliding" else k for k in kinds]
+    nope = getattr(config, "no_rope_layers", None) or []
+    return [k + " NoPE" if i < len(nope) and not nope[i] else k for i, k in enumerate(kinds)]
+
+
+#: the sizes every tiny checkpoint gets, each passed only to a config that knows it (by name or through its
+#: ``attribute_map``, e.g. GPT-2's ``n_embd``), so one rule builds every family
+def _sizes(hidden: int, layers: int) -> dict[str, int]:
+    return {"hidden_size": hidden, "intermediate_size": hidden * 2, "num_hidden_layers": layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+
+
+def _known(cfg_cls: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    names = set(inspect.signature(cfg_cls.__init__).parameters) | set(getattr(cfg_cls, "attribute_map", {}))
+    return {k: v for k, v in kw.items() if k in names}
+
 
 def char_vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
@@ -74,12 +175,14 @@ def write_items(out: Path, n: int = 16, boundary: str = "tokens:4", max_new_toke
     return path
 
 
-def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 32,
+def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int | None = None, layers: int = 2, hidden: int = 32,
                     n_items: int = 16, boundary: str = "tokens:4", max_new_tokens: int = 24,
-                    safetensors: bool = True, chat_template: bool = False) -> Path:
+                    safetensors: bool = True, chat_template: bool = False, zoo: bool = False) -> Path:
     """Write a random ``arch`` checkpoint with tokenizer and items to ``out``; return ``out``.
 
     ``chat_template`` gives the tokenizer ``CHAR_CHAT_TEMPLATE`` (without it the tokenizer has none).
+    ``zoo`` takes ``arch``'s config from :data:`ZOO` (where windows slide) rather than :data:`ARCHITECTURES`,
+    and its seed, unless given, from :data:`ZOO_SEEDS` (else 0).
     """
     import torch
     import transformers
@@ -87,20 +190,13 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int = 0, layers:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cls_name, extra = ARCHITECTURES[arch]
+    cls_name, extra = ZOO[arch] if zoo else ARCHITECTURES[arch]
     cfg_cls = getattr(transformers, cls_name)
     v = char_vocab()
     common: dict[str, Any] = {"vocab_size": len(v), "pad_token_id": v["<pad>"], "eos_token_id": v["<eos>"],
                               "bos_token_id": v["<eos>"]}
-    if arch == "gpt2":
-        kw = {"n_embd": hidden, "n_layer": layers, "n_head": 4, "n_positions": 128}
-    elif arch == "mamba":
-        kw = {"hidden_size": hidden, "num_hidden_layers": layers}
-    else:
-        kw = {"hidden_size": hidden, "intermediate_size": hidden * 2, "num_hidden_layers": layers,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
-    cfg = cfg_cls(**common, **kw, **extra)
-    torch.manual_seed(seed)
+    cfg = cfg_cls(**common, **{**_known(cfg_cls, _sizes(hidden, layers)), **extra})
+    torch.manual_seed(seed if seed is not None else ZOO_SEEDS.get(arch, 0) if zoo else 0)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(str(out))
     if not safetensors:  # an old-style pickle checkpoint (transformers 5 writes safetensors only)

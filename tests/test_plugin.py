@@ -137,7 +137,8 @@ def test_noise_in_one_replica_fails_replica_exactness(pytester: pytest.Pytester,
     setup_suite(pytester, BREAK + faults(logits="noisy_logits({'prefill:replica'})"))
     res, data = run(pytester, tiny_llama, "test_replica_exactness.py")
     res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ: t00@bf16/prefill (logits)*"])
+    res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ, the first t00@bf16/prefill in its logits fingerprint "
+                              "(suffix and boundary state identical): t00@bf16/prefill (logits)*"])
     assert statuses(data) == {"replica_exactness": "fail"}
     assert data["claims"]["replica_exactness"]["k"] == 16
 

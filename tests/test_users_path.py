@@ -173,3 +173,14 @@ def test_ctrl_c_under_xdist_is_pytests_interrupted_summary(pytester: pytest.Pyte
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "KeyboardInterrupt" in out and "Traceback" not in out, out
     assert not rep.exists() and not list(pytester.path.rglob("*.tmp")), out
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_a_users_conftest_beside_the_builtin_claims_is_no_internal_error(pytester: pytest.Pytester) -> None:
+    # the built-in claims are collected outside the user's directory, so pytest asks pluggy for the hooks
+    # without that conftest, which puts every plugin in a set: the session plugin must be hashable
+    pytester.makeconftest("def pytest_kvaudit_faults(config):\n    return None\n")
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-dtypes=fp32",
+                                        "--kvaudit-claims=replica_exactness", "-p", "no:cacheprovider")
+    res.stdout.no_fnmatch_line("*INTERNALERROR*")
+    res.stdout.fnmatch_lines(["*1 skipped, 5 deselected*"])  # 2 items: inconclusive, a skip
