@@ -6,7 +6,7 @@ leak of caches or of per-item state would show as peak memory growing with the i
 step (re-scanning records, re-digesting growing caches) as seconds per token growing.
 
 Every point is a fresh subprocess (peak RSS is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, a
-high-water mark, so points must not share a process; ``tracemalloc`` does not see torch's allocator).
+high-water mark, so points must not shard a process; ``tracemalloc`` does not see torch's allocator).
 Each point loads the model, warms it up with a few forwards outside the store, notes the peak RSS, runs
 ``Store.compute()``, notes it again, and reports seconds per forward token of the compute alone. Two
 sweeps at one precision (``--dtypes``, default fp32 only, to keep them within about 5 minutes on 2 cores):

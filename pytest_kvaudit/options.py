@@ -79,7 +79,7 @@ VALUE_OPTIONS: dict[str, str] = {
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",
     CACHE: "cache layouts: dynamic,static also audits transformers' StaticCache as axis rows (default: dynamic)",
-    SHARD: "I/N: compute only share I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
+    SHARD: "I/N: compute only shard I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
     PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",
     MERGE: "folder of partials (searched recursively): judge their union, computing nothing",
     # the report's formats: one option per writer (pytest_kvaudit.report.writers)
@@ -204,23 +204,23 @@ def build_config(config: pytest.Config) -> AuditConfig:
 
 
 def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
-    """(share I/N, partials folder, merge folder): a share needs a folder to write to, and a run either
-    computes a share or merges shares, never both."""
+    """(shard I/N, partials folder, merge folder): a shard needs a folder to write to, and a run either
+    computes a shard or merges shards, never both."""
     from pytest_kvaudit.dist.partials import parse_shard
 
     text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
     try:
-        share = parse_shard(text) if text is not None else None
+        shard = parse_shard(text) if text is not None else None
     except KvauditError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if share is not None and merge is not None:
-        raise pytest.UsageError(f"{SHARD} computes a share and {MERGE} judges all of them: give one per run")
-    if share is not None and partials is None:
-        raise pytest.UsageError(f"{SHARD}={text} needs {PARTIALS}=DIR: the folder its partial-{share[0]}-of-{share[1]}.json "
+    if shard is not None and merge is not None:
+        raise pytest.UsageError(f"{SHARD} computes a shard and {MERGE} judges all of them: give one per run")
+    if shard is not None and partials is None:
+        raise pytest.UsageError(f"{SHARD}={text} needs {PARTIALS}=DIR: the folder its partial-{shard[0]}-of-{shard[1]}.json "
                                 "goes to (and that --kvaudit-merge reads)")
-    if partials is not None and share is None:
-        raise pytest.UsageError(f"{PARTIALS}={partials} without {SHARD}=I/N: say which share this runner computes")
-    return share, Path(partials) if partials else None, Path(merge) if merge else None
+    if partials is not None and shard is None:
+        raise pytest.UsageError(f"{PARTIALS}={partials} without {SHARD}=I/N: say which shard this runner computes")
+    return shard, Path(partials) if partials else None, Path(merge) if merge else None
 
 
 def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:

@@ -69,9 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(suites)
     folder = None  # the xdist run's shard folder, where its stop flag lives
     if config.pluginmanager.hasplugin("xdist"):
-        from pytest_kvaudit.xdist_glue import XdistController, shard_folder, worker_shard
+        from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
 
-        topo.worker, folder = worker_shard(config), shard_folder(config)
+        topo.worker, folder = worker_place(config), run_folder(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             sess.controller = XdistController()
             config.pluginmanager.register(sess.controller, "kvaudit-xdist")
@@ -222,7 +222,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _plan_only(session, sess)
         return
     if sess.topology.shard is not None and not config.option.collectonly:
-        # a share run succeeds only when its partial is written: the skipped claims alone would exit 0
+        # a shard run succeeds only when its partial is written: the skipped claims alone would exit 0
         ctl = sess.controller
         sess.shard_line = sess.lifecycle.finish_shard(ctl.dir if ctl else None, ctl.workers if ctl else 0, sess.error)
         if sess.shard_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:

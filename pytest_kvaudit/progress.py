@@ -2,7 +2,7 @@
 
 A store reports a :class:`Tally` as it goes. In one process the callback prints it at once; on an xdist
 worker it is written to the shard folder (atomically, at most twice a second) and the controller's
-:class:`ShardProgress` thread adds the workers' tallies up and prints them. Printing goes through pytest's
+:class:`WorkerProgress` thread adds the workers' tallies up and prints them. Printing goes through pytest's
 terminal reporter: one line rewritten in place on a terminal, a line every tenth of the work in a log,
 nothing under ``-q``.
 """
@@ -34,7 +34,7 @@ class Printer:
     def __call__(self, t: Tally) -> None:
         done = t.fraction >= 1.0
         if not t.done and t.items:
-            return  # a share announcing its size: nothing to show yet
+            return  # a worker announcing its size: nothing to show yet
         decile = int(t.fraction * 10)
         now = time.monotonic()
         if self.finished or (not done and ((self.tty and now - self.shown < 0.5) or (not self.tty and decile == self.decile))):
@@ -57,7 +57,7 @@ def printer(config: pytest.Config) -> Printer | None:
     return Printer(config)
 
 
-def shard_writer(folder: Path, index: int) -> Progress:
+def worker_progress(folder: Path, index: int) -> Progress:
     """On an xdist worker: the tally to ``progress-<index>.json``, at most twice a second."""
     from pytest_kvaudit.engine.files import atomic_write_text
 
@@ -73,7 +73,7 @@ def shard_writer(folder: Path, index: int) -> Progress:
     return write
 
 
-class ShardProgress:
+class WorkerProgress:
     """On the xdist controller: a thread that adds up the workers' progress files and prints them."""
 
     def __init__(self, folder: Path, show: Printer) -> None:

@@ -133,10 +133,10 @@ class KvauditSession:
         t = self.topology
         if (t.worker is not None and t.merge is None and not session.config.option.collectonly and not self.plan_only
                 and any(map(uses_store, session.items))):
-            from pytest_kvaudit.progress import shard_writer
+            from pytest_kvaudit.progress import worker_progress
 
             index, _, folder = t.worker
-            failed = self.lifecycle.compute_worker(self.make_plan, shard_writer(folder, index), self.error)
+            failed = self.lifecycle.compute_worker(self.make_plan, worker_progress(folder, index), self.error)
             if failed is not None and t.shard is not None:  # a shard's claims skip without merging: fail here
                 self.error = failed
         return (yield)

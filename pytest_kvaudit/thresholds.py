@@ -103,7 +103,7 @@ def at_collection(sess: KvauditSession) -> None:
 
 def gate_unread(session: pytest.Session, sess: KvauditSession) -> None:
     """--kvaudit-strict: a threshold line that no judged claim read fails the run (a typo would gate nothing).
-    Only in a run that judged claims: a share's claims skip by design (its merge is the gate)."""
+    Only in a run that judged claims: a shard's claims skip by design (its merge is the gate)."""
     if not sess.strict or not sess.claims or sess.topology.shard is not None:
         return
     unread = unread_thresholds(sess.thresholds, sess.claims)

@@ -1,4 +1,4 @@
-"""pytest-xdist glue: the workers share out the items, every claim is judged on the whole.
+"""pytest-xdist glue: the workers shard out the items, every claim is judged on the whole.
 
 Every worker computes a part of the items (taken one at a time from a queue in a folder the controller
 handed out through ``workerinput``, :mod:`.workqueue`, so that a worker with costly divergent items does
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.dist.stop import StopFlag
-from pytest_kvaudit.progress import ShardProgress, printer
+from pytest_kvaudit.progress import WorkerProgress, printer
 
 SHARD_DIR = "kvaudit_shard_dir"
 
@@ -29,7 +29,7 @@ class XdistController:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="kvaudit-shards-"))
-        self.progress: ShardProgress | None = None
+        self.progress: WorkerProgress | None = None
         self.workers = 0  # xdist's worker count, known once the first node is configured
         self.stop: StopFlag | None = None  # the run's stop flag (:mod:`.interrupts`)
 
@@ -37,7 +37,7 @@ class XdistController:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         show = printer(session.config)
         if show is not None:  # prints only once workers write progress, i.e. when kvaudit tests run
-            self.progress = ShardProgress(self.dir, show)
+            self.progress = WorkerProgress(self.dir, show)
             self.progress.start()
 
     @pytest.hookimpl
@@ -62,20 +62,20 @@ class XdistController:
         if error is None:
             return
         if wid.startswith("gw"):
-            (self.dir / f"shard-{wid[2:]}.dead").write_text(str(error)[:2000])
+            (self.dir / f"worker-{wid[2:]}.dead").write_text(str(error)[:2000])
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def shard_folder(config: pytest.Config) -> Path | None:
+def run_folder(config: pytest.Config) -> Path | None:
     """On an xdist worker: the run's shard folder (its stop flag lives there), whatever the worker's index."""
     wi = getattr(config, "workerinput", None)
     return Path(wi[SHARD_DIR]) if wi and SHARD_DIR in wi else None
 
 
-def worker_shard(config: pytest.Config) -> tuple[int, int, Path] | None:
+def worker_place(config: pytest.Config) -> tuple[int, int, Path] | None:
     """(index, count, folder) on an xdist worker that takes part in sharding, else None."""
     wi = getattr(config, "workerinput", None)
     if not wi or SHARD_DIR not in wi:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvaudit.dist.exports import collect_shards
+from pytest_kvaudit.dist.exports import collect_exports
 from pytest_kvaudit.dist.queue import WorkQueue
 from pytest_kvaudit.dist.stop import StopFlag, Stopped, Watcher
 
@@ -103,7 +103,7 @@ def test_the_queue_and_the_shard_wait_stop_once_the_run_is_asked_to(tmp_path: Pa
     assert queue.take(0) == 1  # tripped once: the process is already unwinding, nothing raises twice
     other = StopFlag(tmp_path)
     with pytest.raises(Stopped):
-        collect_shards(tmp_path, 2, poll=0.01, stop=other)
+        collect_exports(tmp_path, 2, poll=0.01, stop=other)
     with pytest.raises(Stopped):
         WorkQueue(tmp_path, 1, 10, stop=StopFlag(tmp_path)).prefix(5)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_kvaudit.progress import Tally, shard_writer
+from pytest_kvaudit.progress import Tally, worker_progress
 
 
 def test_no_time_left_is_guessed_from_the_first_items() -> None:
@@ -29,8 +29,8 @@ def test_totals_add_the_workers_up() -> None:
 
 
 def test_a_workers_last_tally_is_written_however_soon_it_comes(tmp_path: Path) -> None:
-    # a worker taking items from a shared queue may stop short of its nominal share: its end is the word
-    write = shard_writer(tmp_path, 0)
+    # a worker taking items from a shared queue may stop short of its nominal part: its end is the word
+    write = worker_progress(tmp_path, 0)
     t = Tally(["bf16"], 4, {"bf16": 1}, tokens=10, seconds=1.0)
     write(t)
     t.done["bf16"] = 3

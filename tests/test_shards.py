@@ -1,5 +1,5 @@
 """Shards over runners: three ``--kvaudit-shard`` runs and a ``--kvaudit-merge`` give a single run's report,
-and shares that are not one run split N ways are refused with one line naming the files and the field."""
+and shards that are not one run split N ways are refused with one line naming the files and the field."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SKIP_REASON = "shard {i}/{n} recorded to {d}: judge with --kvaudit-merge={d}"
 
 @dataclass
 class Runs:
-    """A laid-out claim suite, a single run's report, and three shares' partials (share 0 under ``-n 2``)."""
+    """A laid-out claim suite, a single run's report, and three shards' partials (shard 0 under ``-n 2``)."""
 
     root: Path
     single: dict
@@ -49,7 +49,7 @@ def lay_out(root: Path) -> Path:
     return root
 
 
-def share(root: Path, i: int, out: Path, *args: str, n: int = N_ITEMS, model: str = "embedded") -> subprocess.CompletedProcess[str]:
+def shard(root: Path, i: int, out: Path, *args: str, n: int = N_ITEMS, model: str = "embedded") -> subprocess.CompletedProcess[str]:
     return pytest_run(root, f"--kvaudit-model={model}", f"--kvaudit-n={n}", f"--kvaudit-shard={i}/{SHARDS}",
                       f"--kvaudit-partials={out}", *args)
 
@@ -61,7 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     res = pytest_run(root, "--kvaudit-model=embedded", f"--kvaudit-n={N_ITEMS}", f"--kvaudit-report={single}")
     assert single.exists(), res.stdout + res.stderr
     partials = root.parent / "partials"
-    outputs = {i: share(root, i, partials, *(["-n", "2"] if i == 0 else [])) for i in range(SHARDS)}
+    outputs = {i: shard(root, i, partials, *(["-n", "2"] if i == 0 else [])) for i in range(SHARDS)}
     return Runs(root, json.loads(single.read_text()), partials, outputs)
 
 
@@ -84,7 +84,7 @@ def test_a_share_records_its_partial_and_skips_its_claims(runs: Runs) -> None:
         assert SKIP_REASON.format(i=i, n=SHARDS, d=runs.partials) in res.stdout
         assert f"kvaudit: shard {i}/{SHARDS} recorded to {runs.partials / f'partial-{i}-of-{SHARDS}.json'}" in res.stdout
     doc = json.loads((runs.partials / f"partial-0-of-{SHARDS}.json").read_text())
-    # under -n 2 the two workers split share 0 further: items 0, 6 and 3, 9
+    # under -n 2 the two workers split shard 0 further: items 0, 6 and 3, 9
     assert len(doc["exports"]) == 2
     assert sorted(r["item_id"] for e in doc["exports"] for r in e["records"] if r["dtype"] == "bf16") == \
         sorted(doc["item_set"]["items"][j][0] for j in range(0, N_ITEMS, SHARDS))
@@ -103,8 +103,8 @@ def test_the_merge_judges_like_one_run(runs: Runs) -> None:
     env = {k: v for k, v in single["environment"].items()}
     assert merged["environment"] == env
     assert "loading" not in res.stdout  # nothing computed: the merge never reports a model load
-    assert merged["cost"]["forward_tokens"] > 0  # the shares' work, added up
-    # the plan block is the run's plan over the whole item set (not the options the shares compare)
+    assert merged["cost"]["forward_tokens"] > 0  # the shards' work, added up
+    # the plan block is the run's plan over the whole item set (not the options the shards compare)
     plan = merged["plan"]
     assert plan["forward_tokens"] == single["plan"]["forward_tokens"] and plan["items"] == single["plan"]["items"]
     assert plan["priced_after_run"]["forward_tokens"] == merged["cost"]["forward_tokens"]
@@ -123,14 +123,14 @@ def refusal(res: subprocess.CompletedProcess[str], *words: str) -> str:
 def test_a_missing_share_is_refused(runs: Runs) -> None:
     folder = copy_partials(runs, "missing")
     (folder / f"partial-1-of-{SHARDS}.json").unlink()
-    refusal(merge(runs, folder)[0], f"share 1/{SHARDS} missing", "partial-0-of-3.json", "--kvaudit-shard=1/3")
+    refusal(merge(runs, folder)[0], f"shard 1/{SHARDS} missing", "partial-0-of-3.json", "--kvaudit-shard=1/3")
 
 
 def test_a_doubled_share_is_refused(runs: Runs) -> None:
     folder = copy_partials(runs, "doubled")
     (folder / "again").mkdir()  # as artifact downloads lay them out: a folder per runner
     shutil.copy(folder / "partial-2-of-3.json", folder / "again" / "partial-2-of-3.json")
-    refusal(merge(runs, folder)[0], "share 2/3 appears 2 times", "again/partial-2-of-3.json", "field shard")
+    refusal(merge(runs, folder)[0], "shard 2/3 appears 2 times", "again/partial-2-of-3.json", "field shard")
 
 
 def test_a_mix_of_share_counts_is_refused(runs: Runs) -> None:
@@ -138,7 +138,7 @@ def test_a_mix_of_share_counts_is_refused(runs: Runs) -> None:
     doc = json.loads((folder / "partial-2-of-3.json").read_text())
     doc["shard"] = [0, 2]
     (folder / "partial-0-of-2.json").write_text(json.dumps(doc))
-    refusal(merge(runs, folder)[0], "different share counts", "partial-0-of-2.json (0/2)")
+    refusal(merge(runs, folder)[0], "different shard counts", "partial-0-of-2.json (0/2)")
 
 
 def test_a_share_from_another_model_is_refused(runs: Runs, tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_a_share_from_another_model_is_refused(runs: Runs, tmp_path: Path) -> No
     folder = copy_partials(runs, "other-model")
     (folder / "partial-1-of-3.json").unlink()
     other = tiny_checkpoint(tmp_path / "tiny", "qwen2", n_items=N_ITEMS)
-    res = share(runs.root, 1, folder, model=str(other))
+    res = shard(runs.root, 1, folder, model=str(other))
     assert res.returncode == 0, res.stdout + res.stderr
     refusal(merge(runs, folder)[0], "partial-1-of-3.json differs from partial-0-of-3.json in model.weights_digest",
             "one model")
@@ -156,7 +156,7 @@ def test_a_share_from_another_model_is_refused(runs: Runs, tmp_path: Path) -> No
 def test_a_share_of_another_item_count_is_refused(runs: Runs) -> None:
     folder = copy_partials(runs, "other-count")
     (folder / "partial-2-of-3.json").unlink()
-    res = share(runs.root, 2, folder, n=N_ITEMS - 1)
+    res = shard(runs.root, 2, folder, n=N_ITEMS - 1)
     assert res.returncode == 0, res.stdout + res.stderr
     refusal(merge(runs, folder)[0], "partial-2-of-3.json differs from partial-0-of-3.json in item_set.count",
             f"({N_ITEMS - 1} vs {N_ITEMS})")
@@ -179,4 +179,4 @@ def test_a_merge_of_an_empty_folder_says_how_to_make_partials(tmp_path: Path) ->
     root = lay_out(tmp_path / "suite")
     res = pytest_run(root, f"--kvaudit-merge={tmp_path / 'suite'}")
     assert res.returncode != 0
-    assert "no partial-I-of-N.json under it: run each share with --kvaudit-shard=I/N" in res.stdout
+    assert "no partial-I-of-N.json under it: run each shard with --kvaudit-shard=I/N" in res.stdout

@@ -69,14 +69,14 @@ def test_a_half_written_line_is_read_once_complete(tmp_path: Path) -> None:
 
 def test_a_grant_stops_waiting_once_a_worker_died(tmp_path: Path) -> None:
     a = WorkQueue(tmp_path, 0, 2, poll=0.01)
-    (tmp_path / "shard-1.dead").write_text("node down")
+    (tmp_path / "worker-1.dead").write_text("node down")
     assert a.grant(0, 1, (1,)) == (True,)  # the run is incomplete anyway: its items are missing
 
 
 def test_waiting_for_a_prefix_ends_when_a_worker_died(tmp_path: Path) -> None:
     a = WorkQueue(tmp_path, 0, 2, poll=0.01)
-    (tmp_path / "shard-1.dead").write_text("node down")
-    with pytest.raises(LostItem, match="shard-1.dead"):
+    (tmp_path / "worker-1.dead").write_text("node down")
+    with pytest.raises(LostItem, match="worker-1.dead"):
         a.prefix(1)
 
 

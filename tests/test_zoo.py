@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvaudit.testing import ZOO, ZOO_INI, ZOO_ITEMS, ZOO_MAX_NEW_TOKENS, tiny_checkpoint
+from pytest_kvaudit.testing import ZOO, ZOO_ITEMS, ZOO_MAX_NEW_TOKENS, tiny_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -59,7 +59,7 @@ def builtin_claims(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_zoo(pytester: pytest.Pytester, ck: Path, *args: str) -> tuple[pytest.RunResult, dict]:
-    pytester.makeini(ZOO_INI)
+    pytester.makeini((Path(__file__).parent / "zoo.ini").read_text())
     report = pytester.path / "report.json"
     res = pytester.runpytest_subprocess(f"--kvaudit-model={ck}", f"--kvaudit-n={ZOO_ITEMS}",
                                         f"--kvaudit-report={report}", "-p", "no:cacheprovider", "-W", "ignore", *args)

@@ -18,15 +18,15 @@ if TYPE_CHECKING:
 
 
 # -- the xdist workers' shards: one file each in the folder the controller handed out ------------------
-def write_shard(folder: Path, index: int, data: dict[str, Any]) -> None:
-    atomic_write_text(folder / f"shard-{index}.json", json.dumps(data, default=list))
+def write_export(folder: Path, index: int, data: dict[str, Any]) -> None:
+    atomic_write_text(folder / f"worker-{index}.json", json.dumps(data, default=list))
 
 
-def write_shard_error(folder: Path, index: int, message: str) -> None:
-    atomic_write_text(folder / f"shard-{index}.error", message)
+def write_export_error(folder: Path, index: int, message: str) -> None:
+    atomic_write_text(folder / f"worker-{index}.error", message)
 
 
-def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None,
+def collect_exports(folder: Path, count: int, poll: float = 0.2, timeout: float | None = None,
                    stop: StopFlag | None = None) -> dict[str, Any]:
     """Wait for every shard (or for the run's stop flag); returns {"exports": [...], "dead": [index...],
     "error": message or None}."""
@@ -38,12 +38,12 @@ def collect_shards(folder: Path, count: int, poll: float = 0.2, timeout: float |
         dead: list[int] = []
         error: str | None = None
         for i in range(count):
-            if (folder / f"shard-{i}.json").exists():
-                done[i] = folder / f"shard-{i}.json"
-            elif (folder / f"shard-{i}.error").exists():
-                error = (folder / f"shard-{i}.error").read_text()
+            if (folder / f"worker-{i}.json").exists():
+                done[i] = folder / f"worker-{i}.json"
+            elif (folder / f"worker-{i}.error").exists():
+                error = (folder / f"worker-{i}.error").read_text()
                 done[i] = None
-            elif (folder / f"shard-{i}.dead").exists():
+            elif (folder / f"worker-{i}.dead").exists():
                 dead.append(i)
         if len(done) + len(dead) == count:
             break
@@ -65,28 +65,28 @@ def export(store: Store, set_name: str) -> dict[str, Any]:
             "run_plan": store.plan}
 
 
-def write_partial(folder: Path, share: tuple[int, int], exports: list[dict[str, Any]]) -> Path:
+def write_partial(folder: Path, shard: tuple[int, int], exports: list[dict[str, Any]]) -> Path:
     from pytest_kvaudit.dist.partials import write
 
     try:
-        return write(folder, *share, exports)
+        return write(folder, *shard, exports)
     except OSError as exc:
         raise KvauditError(f"--kvaudit-partials={folder}: cannot write the partial ({exc})") from None
 
 
-def finish_share(share: tuple[int, int], folder: Path, written: Path | None, error: str | None,
+def finish_shard(shard: tuple[int, int], folder: Path, written: Path | None, error: str | None,
                  shard_dir: Path | None, workers: int) -> tuple[str, Path | None]:
-    """A runner's share at the end of its run: (the summary line, starting with "FAILED" when nothing was
+    """A runner's shard at the end of its run: (the summary line, starting with "FAILED" when nothing was
     written; the partial written). Under xdist the partial is written here from the workers' shards."""
-    i, n = share
+    i, n = shard
     if shard_dir is not None and written is None:
-        got = collect_shards(shard_dir, workers, timeout=0)
+        got = collect_exports(shard_dir, workers, timeout=0)
         if got["error"] or got["dead"] or len(got["exports"]) != workers:
             why = got["error"] or (f"worker(s) {', '.join(f'gw{w}' for w in got['dead'])} computed nothing or died"
                                    if len(got["exports"]) else "no kvaudit test ran")
             return f"FAILED: shard {i}/{n} not recorded: {why}", None
         try:
-            written = write_partial(folder, share, got["exports"])
+            written = write_partial(folder, shard, got["exports"])
         except KvauditError as exc:
             return f"FAILED: shard {i}/{n} not recorded: {exc}", None
     if written is None:

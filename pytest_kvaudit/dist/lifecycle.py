@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.dist.exports import export, finish_share, write_partial, write_shard, write_shard_error
-from pytest_kvaudit.dist.merge import merge_partials, merge_shards
+from pytest_kvaudit.dist.exports import export, finish_shard, write_partial, write_export, write_export_error
+from pytest_kvaudit.dist.merge import merge_partials, merge_exports
 from pytest_kvaudit.dist.queue import WorkQueue
 from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig
@@ -58,7 +58,7 @@ class Lifecycle:
             self.config, store = merge_partials(self.config, t.merge)
             return store
         if t.worker is not None:
-            return None if t.shard is not None else merge_shards(self.config, t.worker[1], t.worker[2], t.stop)
+            return None if t.shard is not None else merge_exports(self.config, t.worker[1], t.worker[2], t.stop)
         store = self.open()
         store.plan = plan(store, 1)
         store.compute(progress=progress)
@@ -73,14 +73,14 @@ class Lifecycle:
         error that ends this worker's part, if any.
 
         Divergent items cost several times a plain one, so the workers take items one at a time from a shared
-        queue rather than fixed shares; records are merged back into a single run's order by
+        queue rather than fixed shards; records are merged back into a single run's order by
         :func:`pytest_kvaudit.dist.merge.merged`, whoever computed them."""
         assert self.topology.worker is not None
         index, count, folder = self.topology.worker
         if index < 0:
             return None
         if error is not None:
-            write_shard_error(folder, index, error)
+            write_export_error(folder, index, error)
             return error
         try:
             store = self.open()
@@ -89,9 +89,9 @@ class Lifecycle:
             queue = WorkQueue(folder, index, len(store.items), stop=self.topology.stop)
             store.compute(progress=progress, queue=queue, nominal=WorkQueue.nominal(len(store.items), index, count))
             data = export(store, item_set_name(store.item_set)) if self.topology.shard is not None else store.export()
-            write_shard(folder, index, data)
+            write_export(folder, index, data)
         except KvauditError as exc:
-            write_shard_error(folder, index, str(exc))
+            write_export_error(folder, index, str(exc))
             return str(exc)
         return None
 
@@ -100,5 +100,5 @@ class Lifecycle:
         when there are any; returns the summary line, starting with "FAILED" when nothing was written."""
         t = self.topology
         assert t.shard is not None and t.partials is not None
-        line, self.written = finish_share(t.shard, t.partials, self.written, error, worker_folder, workers)
+        line, self.written = finish_shard(t.shard, t.partials, self.written, error, worker_folder, workers)
         return line

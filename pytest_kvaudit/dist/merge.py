@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.dist import partials
-from pytest_kvaudit.dist.exports import collect_shards
+from pytest_kvaudit.dist.exports import collect_exports
 from pytest_kvaudit.dist.stop import StopFlag
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
@@ -67,9 +67,9 @@ def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:
                                "run's figures must come from one environment: pin the workers to one kind of device")
 
 
-def merge_shards(cfg: AuditConfig, count: int, folder: Path, stop: StopFlag | None = None) -> Store:
+def merge_exports(cfg: AuditConfig, count: int, folder: Path, stop: StopFlag | None = None) -> Store:
     """The store of this run from every xdist worker's shard (waiting for them, unless the run stops)."""
-    got = collect_shards(folder, count, stop=stop)
+    got = collect_exports(folder, count, stop=stop)
     if got["error"]:
         raise KvauditError(got["error"])
     cfg, item_set = resolve(cfg)
@@ -78,7 +78,7 @@ def merge_shards(cfg: AuditConfig, count: int, folder: Path, stop: StopFlag | No
 
 def merge_partials(cfg: AuditConfig, folder: Path) -> tuple[AuditConfig, Store]:
     """The store of one run over all items, from the runners' partials; nothing is computed, no model loads.
-    The run's config becomes the shares' plan (returned), so thresholds, analyses and the report see what a
+    The run's config becomes the shards' plan (returned), so thresholds, analyses and the report see what a
     single run would have seen."""
     parts = partials.load(folder)
     partials.check(parts, folder)
@@ -87,5 +87,5 @@ def merge_partials(cfg: AuditConfig, folder: Path) -> tuple[AuditConfig, Store]:
     store = merged(cfg, partials.item_set(head), partials.exports(parts))
     if store.missing:
         raise KvauditError(f"kvaudit merge: the partials in {folder} lack {len(store.missing)} items of the set "
-                           f"(first {store.missing[0]!r}): re-run the share that should hold it")
+                           f"(first {store.missing[0]!r}): re-run the shard that should hold it")
     return cfg, store

@@ -1,11 +1,11 @@
-"""Shards over runners: one runner's share of the items as a partial file, and the merge of all shares.
+"""Shards over runners: one runner's shard of the items as a partial file, and the merge of all shards.
 
 ``--kvaudit-shard=I/N --kvaudit-partials=DIR`` computes the items whose index is I modulo N (the split
 xdist uses, so a shard of a shard under ``-n`` composes) and writes ``DIR/partial-I-of-N.json``: the store
-exports of its processes plus what decides whether shares may be added up: the model's identity, the
+exports of its processes plus what decides whether shards may be added up: the model's identity, the
 environment, the item set (count and a digest of ids and prompts) and the plan (the config fields that
 decide what is computed). ``--kvaudit-merge=DIR`` reads every partial under DIR (artifact downloads put
-each in its own folder, so the search is recursive), refuses shares that do not add up to one run with one
+each in its own folder, so the search is recursive), refuses shards that do not add up to one run with one
 line naming the files and the field, and hands the exports to :func:`pytest_kvaudit.dist.merge.merged`: the claims then judge
 exactly the records a single run over all items computes.
 
@@ -29,20 +29,20 @@ from pytest_kvaudit.engine.files import atomic_write_text
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
-#: what decides what a share computes (AuditConfig.work_identity): shares must agree on every one of them
+#: what decides what a shard computes (AuditConfig.work_identity): shards must agree on every one of them
 PLAN_FIELDS = (*WORK_FIELDS, "constructions")
-#: item-set fields compared across shares (the path is left out: each runner checks out to its own folder)
+#: item-set fields compared across shards (the path is left out: each runner checks out to its own folder)
 ITEM_SET_FIELDS = ("count", "digest", "boundary", "answer_regex", "max_new_tokens")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``I/N`` with shares numbered from 0, or a one-line error saying what is wrong."""
+    """``I/N`` with shards numbered from 0, or a one-line error saying what is wrong."""
     m = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
     if m is None:
-        raise KvauditError(f"--kvaudit-shard={text!r} is not I/N: give this runner's share I of N shares, e.g. 0/3")
+        raise KvauditError(f"--kvaudit-shard={text!r} is not I/N: give this runner's shard I of N shards, e.g. 0/3")
     i, n = int(m.group(1)), int(m.group(2))
     if n < 1 or i >= n:
-        raise KvauditError(f"--kvaudit-shard={text}: I must be from 0 to N-1 (shares are numbered from 0), e.g. 0/{max(n, 1)}")
+        raise KvauditError(f"--kvaudit-shard={text}: I must be from 0 to N-1 (shards are numbered from 0), e.g. 0/{max(n, 1)}")
     return i, n
 
 
@@ -50,14 +50,9 @@ def partial_name(index: int, count: int) -> str:
     return f"partial-{index}-of-{count}.json"
 
 
-def share(items: Sequence[Any], index: int, count: int) -> list[Any]:
-    """Round-robin share ``index`` of ``count`` (xdist's split too, so shares of shares compose)."""
-    return [it for i, it in enumerate(items) if i % count == index]
-
-
 # -- what a partial says about itself ----------------------------------------------------------------
 def item_set_info(item_set: ItemSet, name: str) -> dict[str, Any]:
-    """The item set as shares compare it: its size, a digest of every id and prompt, and its rules."""
+    """The item set as shards compare it: its size, a digest of every id and prompt, and its rules."""
     h = hashlib.sha256()
     for it in item_set.items:
         h.update(json.dumps([it.id, it.prompt, list(it.prompt_ids or ()), it.answer, it.boundary]).encode())
@@ -70,7 +65,7 @@ def item_set_info(item_set: ItemSet, name: str) -> dict[str, Any]:
 
 
 def build(index: int, count: int, exports: list[dict[str, Any]]) -> dict[str, Any]:
-    """A partial from the exports of the processes that computed the share (one, or one per xdist worker)."""
+    """A partial from the exports of the processes that computed the shard (one, or one per xdist worker)."""
     head = exports[0]
     return {"kvaudit_partial": PARTIAL_VERSION, "shard": [index, count], "model": head["identity"],
             "environment": head["environment"], "item_set": head["item_set"], "plan": head["plan"],
@@ -90,17 +85,17 @@ def load(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
         raise KvauditError(f"--kvaudit-merge={folder}: no such folder: point it at the --kvaudit-partials folder")
     paths = sorted(p for p in folder.rglob("partial-*-of-*.json") if PARTIAL_RE.fullmatch(p.name))
     if not paths:
-        raise KvauditError(f"--kvaudit-merge={folder}: no partial-I-of-N.json under it: run each share with "
+        raise KvauditError(f"--kvaudit-merge={folder}: no partial-I-of-N.json under it: run each shard with "
                            f"--kvaudit-shard=I/N --kvaudit-partials={folder} first")
     out = []
     for p in paths:
         try:
             doc = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise KvauditError(f"kvaudit merge: {p} cannot be read ({exc}): re-run its share") from None
+            raise KvauditError(f"kvaudit merge: {p} cannot be read ({exc}): re-run its shard") from None
         if not isinstance(doc, dict) or doc.get("kvaudit_partial") != PARTIAL_VERSION:
             raise KvauditError(f"kvaudit merge: {p} is not a kvaudit partial of version {PARTIAL_VERSION}: re-run its "
-                               "share with this kvaudit")
+                               "shard with this kvaudit")
         out.append((p, doc))
     return out
 
@@ -111,7 +106,7 @@ def _show(v: Any) -> str:
 
 
 def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
-    """Refuse shares that are not one run split N ways: one line naming the files and the field that differs."""
+    """Refuse shards that are not one run split N ways: one line naming the files and the field that differs."""
     from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
 
     model_fields = ("weights_digest", *(f for f in MODEL_FIELDS if f != "weights_digest"))  # the usual culprit first
@@ -122,7 +117,7 @@ def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
     counts = {int(d["shard"][1]) for _, d in parts}
     if len(counts) > 1:
         shown = ", ".join(f"{name(p)} ({d['shard'][0]}/{d['shard'][1]})" for p, d in parts)
-        raise KvauditError(f"kvaudit merge: partials of different share counts N {sorted(counts)} in {folder}: {shown} "
+        raise KvauditError(f"kvaudit merge: partials of different shard counts N {sorted(counts)} in {folder}: {shown} "
                            "(field shard): merge the partials of one sharded run")
     n = counts.pop()
     by_index: dict[int, list[Path]] = {}
@@ -130,19 +125,19 @@ def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
         by_index.setdefault(int(d["shard"][0]), []).append(p)
     for i, ps in sorted(by_index.items()):
         if len(ps) > 1:
-            raise KvauditError(f"kvaudit merge: share {i}/{n} appears {len(ps)} times: {', '.join(map(name, ps))} "
+            raise KvauditError(f"kvaudit merge: shard {i}/{n} appears {len(ps)} times: {', '.join(map(name, ps))} "
                                "(field shard): keep one")
     missing = [i for i in range(n) if i not in by_index]
     if missing:
         have = ", ".join(name(p) for p, _ in parts)
-        raise KvauditError(f"kvaudit merge: share {', '.join(f'{i}/{n}' for i in missing)} missing from {folder} "
+        raise KvauditError(f"kvaudit merge: shard {', '.join(f'{i}/{n}' for i in missing)} missing from {folder} "
                            f"(have {have}): run --kvaudit-shard={missing[0]}/{n} --kvaudit-partials={folder}")
     (p0, d0), rest = parts[0], parts[1:]
     sections: list[tuple[str, Iterable[str], str]] = [
-        ("model", model_fields, "every share must come from one model"),
-        ("environment", ENV_FIELDS, "every share must run in one environment (the bits depend on it)"),
-        ("item_set", ITEM_SET_FIELDS, "every share must split one item set"),
-        ("plan", PLAN_FIELDS, "every share must run one plan (the same kvaudit options)"),
+        ("model", model_fields, "every shard must come from one model"),
+        ("environment", ENV_FIELDS, "every shard must run in one environment (the bits depend on it)"),
+        ("item_set", ITEM_SET_FIELDS, "every shard must split one item set"),
+        ("plan", PLAN_FIELDS, "every shard must run one plan (the same kvaudit options)"),
     ]
     for section, fields, why in sections:
         for f in fields:
@@ -161,7 +156,7 @@ def item_set(doc: dict[str, Any]) -> ItemSet:
 
 
 def config(doc: dict[str, Any], own: AuditConfig) -> AuditConfig:
-    """The merge's config: the shares' plan, and the merge run's own judging options (seed, snapshots...)."""
+    """The merge's config: the shards' plan, and the merge run's own judging options (seed, snapshots...)."""
     plan = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["plan"].items() if k in WORK_FIELDS}
     s = doc["item_set"]
     model = str(EMBEDDED_DIR) if doc["model"].get("id") == "embedded" else str(doc["model"].get("id") or own.model)

@@ -1,6 +1,6 @@
 """Work stealing for xdist workers: items handed out one at a time to whichever worker asks first.
 
-Round-robin shares are uneven: a divergent item carries transplants (and, on the first few, the layer
+Round-robin parts are uneven: a divergent item carries transplants (and, on the first few, the layer
 sweep), so it costs several times a plain one, and which items diverge is known only once computed. Here
 the workers of one run take the next item of the current precision from a counter under a file lock, so
 none waits for another but for the item in hand.
@@ -108,7 +108,7 @@ class WorkQueue:
             self.stop.check()
 
     def _failed(self, start: float) -> list[str]:
-        failed = [p.name for p in self.folder.glob("shard-*") if p.suffix in (".error", ".dead")]
+        failed = [p.name for p in self.folder.glob("worker-*") if p.suffix in (".error", ".dead")]
         return failed or (["timed out"] if time.monotonic() - start > self.timeout else [])
 
     def prefix(self, index: int, phase: int = 0) -> tuple[int, ...] | None:
@@ -128,6 +128,6 @@ class WorkQueue:
 
     @staticmethod
     def nominal(size: int, worker: int, workers: int) -> int:
-        """A worker's round-robin share of ``size``: what its progress counts toward (the totals add up)."""
+        """A worker's round-robin part of ``size``: what its progress counts toward (the totals add up)."""
         return size // workers + (worker < size % workers)
 

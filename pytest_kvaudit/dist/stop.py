@@ -1,7 +1,7 @@
 """A run's stop flag: one interrupted process of an xdist run tells the others to stop.
 
 A CI cancel or ``kill -INT <pid>`` reaches the xdist controller alone (or one worker alone), not the whole
-process group; the workers would compute their share on (hours on a GPU) until xdist kills them, and a
+process group; the workers would compute their shard on (hours on a GPU) until xdist kills them, and a
 kill mid-write leaves temporary files behind. So whichever process is interrupted writes ``stop`` into the
 run's shard folder, every worker watches for it (a thread that interrupts its main thread, even mid-item)
 and the queue's waits check it, and each process ends through its own Ctrl-C path: pytest's interrupted

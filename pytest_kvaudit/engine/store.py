@@ -29,7 +29,7 @@ from pytest_kvaudit.engine.tally import Progress, Tally
 from pytest_kvaudit.engine.work import LostItem, WorkSource, within
 
 
-def shard(items: Sequence[Item], index: int, count: int) -> list[Item]:
+def shard_items(items: Sequence[Item], index: int, count: int) -> list[Item]:
     """Deterministic round-robin shard ``index`` of ``count``."""
     return [it for i, it in enumerate(items) if i % count == index]
 
@@ -38,12 +38,12 @@ class Store:
     """Holds the run's cells. ``compute()`` fills them once; claims read ``records``."""
 
     def __init__(self, cfg: AuditConfig, item_set: ItemSet, faults: Faults = NO_FAULTS,
-                 share: tuple[int, int] = (0, 1)) -> None:
+                 shard: tuple[int, int] = (0, 1)) -> None:
         self.cfg = cfg
         self.item_set = item_set
-        # a runner's share (--kvaudit-shard=I/N); xdist workers take its items from a queue (compute)
-        self.items: list[Item] = shard(item_set.items, *share)
-        self.share = share
+        # a runner's shard (--kvaudit-shard=I/N); xdist workers take its items from a queue (compute)
+        self.items: list[Item] = shard_items(item_set.items, *shard)
+        self.shard = shard
         self.faults = faults
         self.records: dict[tuple[str, str], CellRecord] = {}
         self.cost = Cost()
@@ -56,9 +56,9 @@ class Store:
         self._handles: dict[str, ModelHandle] = {}
 
     @classmethod
-    def open(cls, cfg: AuditConfig, faults: Faults = NO_FAULTS, share: tuple[int, int] = (0, 1)) -> Store:
+    def open(cls, cfg: AuditConfig, faults: Faults = NO_FAULTS, shard: tuple[int, int] = (0, 1)) -> Store:
         cfg, item_set = resolve(cfg)
-        return cls(cfg, item_set, faults, share)
+        return cls(cfg, item_set, faults, shard)
 
     # -- reading -------------------------------------------------------------------------------
     def record(self, item_id: str, dtype: str) -> CellRecord:
@@ -92,7 +92,7 @@ class Store:
         t0 = time.perf_counter()
         tally = Tally(list(self.cfg.dtypes), len(self.items) if nominal is None else nominal)
         if progress is not None:
-            progress(tally)  # the share's size, before the first model loads
+            progress(tally)  # the shard's size, before the first model loads
         fixed_prefix: dict[str, tuple[int, ...] | None] = {}
         budgets = (self.cfg.donor_max_units, self.cfg.sweep_units)
         granted = 0  # transplant units so far, in (precision, item) order (a single process)
@@ -172,7 +172,7 @@ class Store:
     # -- plain data for xdist and the ledger ----------------------------------------------------
     def export(self) -> dict[str, Any]:
         return {
-            "share": list(self.share),
+            "shard": list(self.shard),
             "records": [r.to_dict() for r in self.records.values()],
             "cost": asdict(self.cost),
             "identity": self.identity,

@@ -19,7 +19,7 @@ class Tally:
     done: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
     seconds: float = 0.0
-    #: the store is done; under xdist a worker's share of a shared queue is not known before its end
+    #: the store is done; under xdist a worker's part of a shared queue is not known before its end
     finished: bool = False
 
     @property
