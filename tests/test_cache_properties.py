@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from pytest_kvaudit.engine import cache as kv  # noqa: E402
+from pytest_kvaudit.engine import state as kv  # noqa: E402
 from pytest_kvaudit.engine.config import BoundaryRule  # noqa: E402
 from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, schedule, trajectory  # noqa: E402
 from pytest_kvaudit.engine.errors import KvauditError  # noqa: E402

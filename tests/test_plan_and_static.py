@@ -118,7 +118,7 @@ def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:
     """Fingerprints, comparisons and transplants see a static layer's filled positions, not its preallocation."""
     import torch
 
-    from pytest_kvaudit.engine import cache as kv
+    from pytest_kvaudit.engine import state as kv
     from pytest_kvaudit.engine.decoder import Decoder
     from pytest_kvaudit.engine.loading import open_model
 

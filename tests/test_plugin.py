@@ -112,7 +112,7 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
 
 BREAK = """
 import torch
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.decoder import Faults
 
 def noisy_logits(paths):

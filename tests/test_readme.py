@@ -29,7 +29,7 @@ def test_write_your_own_claim_example_runs(pytester: pytest.Pytester, tiny_llama
 
 
 BREAK_CHUNKED = (
-        "import torch\nfrom pytest_kvaudit.engine import cache as kv\nfrom pytest_kvaudit.engine.decoder import Faults\n"
+        "import torch\nfrom pytest_kvaudit.engine import state as kv\nfrom pytest_kvaudit.engine.decoder import Faults\n"
         "def hook(c, path):\n"
         "    if path == 'chunked(4)':\n"
         "        for k, v in kv.layer_kv(c):\n"

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.chat import chat_prompt_ids
 from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation, Cost, Decoder, continue_greedy, trajectory
@@ -80,6 +80,8 @@ class CellBuilder:
                  transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
         self.max_positions = max_positions
+        #: each layer's kind (full, sliding(W), recurrent...), read off the first boundary state
+        self.layer_kinds: list[str] | None = None
         self.per_token = chars_per_token(tokenizer) if max_positions is not None else None
         self.cost: Cost = dec.cost
         self.transplant_fn = transplant or kv.transplant
@@ -131,7 +133,9 @@ class CellBuilder:
             rec.generated_tail = self.decode(tr.generated[-TAIL_TOKENS:])[-TAIL_CHARS:]
         if tr.reason is None:
             try:
-                kv.check_plain_kv(tr.state)
+                kv.check_supported(tr.state)
+                if self.layer_kinds is None:
+                    self.layer_kinds = kv.kinds(tr.state)
             except UnsupportedCacheError as exc:
                 rec.unsupported = str(exc)
             rec.constructions[LIVE.name] = self.labelled(rec, tr.suffix, tr.state_fp or "", tr.logits_fp or "",

@@ -77,10 +77,12 @@ def parse_chunks(text: str | None) -> tuple[int, ...]:
 
 def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
     """``--kvaudit-cache=dynamic,static`` -> the layouts beyond the dynamic one, which the claims always run on."""
+    from pytest_kvaudit.engine.state import CACHE_KINDS
+
     kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
-    bad = [k for k in kinds if k not in ("dynamic", "static")]
+    bad = [k for k in kinds if k not in CACHE_KINDS]
     if bad or not kinds:
-        raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of dynamic and static (default: dynamic)")
+        raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of {' and '.join(CACHE_KINDS)} (default: dynamic)")
     return tuple(dict.fromkeys(k for k in kinds if k != "dynamic"))
 
 

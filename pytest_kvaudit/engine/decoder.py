@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import find_boundary

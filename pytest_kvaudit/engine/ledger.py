@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.cache import digest, fingerprint_ids
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.state import digest, fingerprint_ids
 
 LEDGER_VERSION = 1
 #: fields that say which model produced a ledger: any difference refuses the audit

@@ -44,7 +44,8 @@ BOUND_WORDS = ("upper bound: every item eligible at every precision, every traje
                "every item divergent (transplants, layer sweep and controls) up to the donor units")
 
 
-def bound(prompts: Sequence[int], cfg: AuditConfig, max_new: int, n_layers: int) -> dict[str, dict[str, list[int]]]:
+def bound(prompts: Sequence[int], cfg: AuditConfig, max_new: int, n_layers: int,
+          recurrent: bool = False) -> dict[str, dict[str, list[int]]]:
     """Per precision, ``{step: [cells, calls, tokens]}`` at most, for items with these prompt lengths."""
     out: dict[str, dict[str, list[int]]] = {}
     width = max(prompts, default=0) + max_new
@@ -55,7 +56,7 @@ def bound(prompts: Sequence[int], cfg: AuditConfig, max_new: int, n_layers: int)
             # b = 1 and S = M - 1 maximise calls; tokens are the same for any b (P + M - 1 per construction)
             x = Lengths(p, 1, max_new - 1, generated=max_new)
             parts.append(work(x, cfg, x, donors > 0, donors > 0 and sweeps > 0, n_layers,
-                              width if i < cfg.batch_units and cfg.batch_size >= 2 else None))
+                              width if i < cfg.batch_units and cfg.batch_size >= 2 else None, recurrent))
             donors, sweeps = donors - 1, sweeps - 1
         out[dtype] = total(parts)
     return out
@@ -190,8 +191,13 @@ def model_shape(model: Any) -> dict[str, int]:
     kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
     hidden = int(getattr(c, "hidden_size", 0) or getattr(c, "n_embd", 0))
     head_dim = int(getattr(c, "head_dim", None) or (hidden // heads if heads else 0))
+    from pytest_kvaudit.engine.state import LINEAR_LAYER, layers_of, new_cache
+
+    # a fresh cache's layer classes say whether any layer carries recurrent state (no forward needed)
+    fresh = [type(layer).__name__ for layer in layers_of(new_cache(model))]
     return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-            "parameters": int(sum(p.numel() for p in model.parameters()))}
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "recurrent": int(any(LINEAR_LAYER in name for name in fresh))}
 
 
 def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batch_size: int) -> dict[str, Any]:
@@ -287,7 +293,7 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     recorded = ledger_prediction(cfg, ledger, h.identity, env, prompt_of, shape["layers"])
     lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"])
                 for r in c["items"]] for d, c in cal["dtypes"].items()}
-    most = bound(prompts, cfg, m, shape["layers"])
+    most = bound(prompts, cfg, m, shape["layers"], bool(shape["recurrent"]))
     exp = expected(prompts, lens, cfg, shape["layers"]) if sample else {}
     calls_b, tokens_b = sums(most)
     calls_e, tokens_e = sums(exp)

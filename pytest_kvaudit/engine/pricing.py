@@ -78,7 +78,7 @@ def _fixed(acc: dict[str, list[int]], prompt: int, head: int, suffixes: tuple[in
 
 
 def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, sweep: bool, n_layers: int,
-         batch_width: int | None = None) -> dict[str, list[int]]:
+         batch_width: int | None = None, recurrent: bool = False) -> dict[str, list[int]]:
     """``{step: [cells, calls, tokens]}`` for one item at one precision; ``primary`` is the first precision's
     lengths (its prefix fixes the 2x2's ids), ``donor``/``sweep`` whether this unit gets transplants (it is
     divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width."""
@@ -96,7 +96,7 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     for step in constructions(cfg):
         add(acc, step.name, *step.price(x.prompt, head, x.suffix))
     if donor:
-        for _ in range(transplants_per_unit(sweep, n_layers)):
+        for _ in range(transplants_per_unit(sweep, n_layers, recurrent)):
             add(acc, "transplants", *TRANSPLANT.price(0, 0, x.suffix))
     if batch_width is not None:
         add(acc, "batch_invariance", 1, cfg.batch_size * max(batch_width, head))
@@ -111,10 +111,11 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     return acc
 
 
-def transplants_per_unit(sweep: bool, n_layers: int) -> int:
+def transplants_per_unit(sweep: bool, n_layers: int, recurrent: bool = False) -> int:
     """Continuations on one divergent unit: all layers both ways (and the sweep's subsets both ways), two
-    shams, and (at most) two transplants of the identical layers."""
-    return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2
+    shams, (at most) two transplants of the identical layers, and on a model with recurrent state the
+    attention-only and recurrent-only transplants both ways."""
+    return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2 + (4 if recurrent else 0)
 
 
 def total(parts: Iterable[Mapping[str, list[int]]]) -> dict[str, list[int]]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
+from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.items import Item
 from pytest_kvaudit.engine.loading import ModelHandle
 from pytest_kvaudit.engine.schedules import schedule
@@ -134,10 +135,9 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
             dec.cost.forward_calls += 1
             dec.cost.forward_tokens += int(ids.numel())
             ran = int(ids.numel())
-            off = width - len(head)
-            mine = [t[0:1, :, off:, :] for k_v in kv.layer_kv(cache) for t in k_v]
+            mine = kv.row_state(cache, 0, len(head))
             same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp
             outcome = {"batch_size": b, "state_equal": same, "tokens": ran}
-        except (RuntimeError, ValueError, IndexError) as exc:  # a cache layout without a batch of rows
+        except (RuntimeError, ValueError, IndexError, UnsupportedCacheError) as exc:  # no comparable row
             outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200], "tokens": ran}
         rec.probes.batch = outcome

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.decoder import Continuation
 
 #: ineligible: prompt + max_new_tokens exceed the model's position limit

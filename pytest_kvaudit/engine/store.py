@@ -132,6 +132,8 @@ class Store:
                 probes.cache_axis(self, h, dtype, kind)
             # one model resident at a time: these hold the model, and the next handle() can free only what
             # nothing else references (else two are in memory while the next one loads)
+            if builder.layer_kinds and "layer_kinds" not in self.identity:  # the report names each layer's kind
+                self.identity["layer_kinds"] = builder.layer_kinds
             del h, dec, builder
             for attn in self.cfg.attn_axes:
                 probes.attention_axis(self, dtype, attn)

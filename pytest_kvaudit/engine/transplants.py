@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine import cache as kv
+from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.decoder import continue_greedy
 from pytest_kvaudit.engine.pipeline import LIVE
 from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant, sweep_subsets
@@ -32,10 +32,11 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
     """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets;
     then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
     cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
-    transplant of only those layers."""
+    transplant of only those layers. On a model with recurrent state, the attention K/V alone and the
+    recurrent state alone are transplanted too (the layer sweep's ``all:attn`` and ``all:recurrent`` rows)."""
     subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
     if sweep:
-        subsets += sweep_subsets(len(kv.layer_kv(live_state)))
+        subsets += sweep_subsets(len(kv.layers_of(live_state)))
     states = {"live": live_state, "prefill": prefill_state}
     pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
     for layers, parts in subsets:
@@ -48,6 +49,12 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
     if same:
         for donor, receiver in pairs:
             transplant(b, rec, IDENTICAL, states[receiver], states[donor], donor, receiver, same, "kv", last, budget)
+    if kv.recurrent(live_state):
+        # the paper's question asked of a state the paper never had: does the attention K/V alone carry the
+        # divergence, or the recurrent state? (an analysis beside the whole-state transplant the claim judges)
+        for parts in ("attn", "recurrent"):
+            for donor, receiver in pairs:
+                transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, parts, last, budget)
 
 def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
                layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> None:
