@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
     """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
-    from pytest_kvaudit.engine.plan import recall
+    from pytest_kvaudit.engine.estimate import recall
 
     est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
     return {**plan, "estimate": est} if est else plan

@@ -113,7 +113,8 @@ class KvauditSession:
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
         one is asked for, holds the plan block alone."""
-        from pytest_kvaudit.engine.plan import SAMPLE, remember
+        from pytest_kvaudit.engine.calibrate import SAMPLE
+        from pytest_kvaudit.engine.estimate import remember
 
         try:
             self.plan = self.make_plan(self.lifecycle.open(), workers, SAMPLE)

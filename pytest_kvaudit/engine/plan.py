@@ -22,12 +22,11 @@ calibration.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.engine.calibrate import SAMPLE, calibrate
 from pytest_kvaudit.engine.pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
 
 #: items per precision whose trajectory (and prefill) the calibration runs
-SAMPLE = 8
 #: boundary states alive at once in a cell: the live state kept, the prefill state kept, the one being built
 #: or continued, and a transplant's copy
 CACHES_ALIVE = 4
@@ -101,81 +99,6 @@ def sums(by: Mapping[str, Mapping[str, list[int]]]) -> tuple[int, int]:
     calls = sum(a[1] for steps in by.values() for a in steps.values())
     tokens = sum(a[2] for steps in by.values() for a in steps.values())
     return calls, tokens
-
-
-# -- calibration: a few real forwards at each precision -----------------------------------------------
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
-
-
-def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
-    """Per precision: the model's load time, a per-call and a per-token forward cost, and the first ``sample``
-    items' lengths (trajectory, then a prefill to see whether the item diverges). The precisions run last to
-    first, so the model the store computes first stays loaded. Counted apart from the store's cost."""
-    import torch
-
-    from pytest_kvaudit.engine.cells import prompt_ids
-    from pytest_kvaudit.engine.config import BoundaryRule
-    from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
-
-    def sync(dev: Any) -> None:
-        if getattr(dev, "type", "") == "cuda":
-            torch.cuda.synchronize(dev)
-
-    cfg, iset = store.cfg, store.item_set
-    out: dict[str, Any] = {"sample": sample, "dtypes": {}}
-    t_all = time.perf_counter()
-    tokens = 0
-    for dtype in reversed(cfg.dtypes):
-        t0 = time.perf_counter()
-        h = store.handle(dtype)
-        load_s = time.perf_counter() - t0
-        cost = Cost()
-        dec = Decoder(h.model, h.eos_ids, cost)
-        items = [it for it in store.items if it.prompt_ids is not None or it.prompt is not None][:sample]
-        prompts = [prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model) for it in items]
-        if prompts:  # one untimed forward: one-time kernel set-up is not a per-call cost
-            dec.step(list(prompts[0]), dec.fresh())
-        rows: list[dict[str, Any]] = []
-        t_prompt = t_decode = 0.0
-        n_prompt = n_decode = 0
-        for it, ids in zip(items, prompts):
-            if h.max_positions is not None and len(ids) + iset.max_new_tokens > h.max_positions:
-                continue
-            sync(dec.device)
-            t1 = time.perf_counter()
-            dec.step(list(ids), dec.fresh())
-            sync(dec.device)
-            t_prompt += time.perf_counter() - t1
-            n_prompt += len(ids)
-            t_p = time.perf_counter() - t1
-            calls0 = cost.forward_calls
-            t2 = time.perf_counter()
-            tr = trajectory(dec, ids, iset.max_new_tokens, BoundaryRule.parse(it.boundary or iset.boundary),
-                            partial(_decode, h.tokenizer))
-            sync(dec.device)
-            # the trajectory's own prompt forward is charged at the prompt time just measured
-            t_decode += max(0.0, time.perf_counter() - t2 - t_p)
-            n_decode += cost.forward_calls - calls0 - 1
-            row = {"prompt": len(ids), "generated": len(tr.generated), "boundary": tr.boundary or 0,
-                   "eligible": tr.reason is None, "divergent": False}
-            if tr.reason is None:
-                head = list(tr.prefix[:-1])
-                state = dec.build_state(head, [len(head)])
-                suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
-                row["divergent"] = suffix != tr.suffix
-                row["suffix"] = len(tr.suffix)
-            rows.append(row)
-        per_call = t_decode / n_decode if n_decode else 0.0
-        n_p = len(rows) or 1
-        # prompt forward = per_call + per_token x P: the per-token cost is what a longer forward adds
-        per_token = max(0.0, (t_prompt / n_p - per_call) / max(1.0, n_prompt / n_p - 1)) if rows else 0.0
-        out["dtypes"][dtype] = {"load_s": round(load_s, 4), "per_call_s": per_call, "per_token_s": per_token,
-                                "items": rows, "forward_tokens": cost.forward_tokens}
-        tokens += cost.forward_tokens
-    out["seconds"] = round(time.perf_counter() - t_all, 3)
-    out["forward_tokens"] = tokens
-    return out
 
 
 # -- the plan ----------------------------------------------------------------------------------------
@@ -350,35 +273,3 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
         "claims": verdicts,
     }
-
-
-# -- the estimate a later run compares itself with ----------------------------------------------------
-#: pytest's cache key under which --kvaudit-plan leaves its estimate for the run that follows it
-CACHE_KEY = "kvaudit/plan"
-
-
-def run_key(cfg: AuditConfig) -> str:
-    """Which run a plan priced: the checkpoint and every setting that decides the work."""
-    import json
-    from pathlib import Path
-
-    model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model
-    return json.dumps([model, cfg.work_identity()], sort_keys=True, default=list)
-
-
-def remember(cache: Any, cfg: AuditConfig, plan: Mapping[str, Any]) -> None:
-    """Leave the plan's estimate in pytest's ``cache`` (None with ``-p no:cacheprovider``: nothing kept)."""
-    if cache is not None:
-        cache.set(CACHE_KEY, {"key": run_key(cfg), "made": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                              **{k: plan.get(k) for k in ("seconds_parts", "workers", "forward_tokens_predicted")}})
-
-
-def recall(cache: Any, cfg: AuditConfig, workers: int) -> dict[str, Any]:
-    """The estimate a --kvaudit-plan run left for this same run, for ``workers`` workers ({} when none, or
-    for another run)."""
-    got = cache.get(CACHE_KEY, None) if cache is not None else None
-    if not isinstance(got, dict) or got.get("key") != run_key(cfg) or not got.get("seconds_parts"):
-        return {}
-    return {"made": got.get("made"), "planned_workers": got.get("workers"), "workers": workers,
-            "seconds_expected": at_workers(got["seconds_parts"], workers),
-            "forward_tokens_predicted": got.get("forward_tokens_predicted")}
