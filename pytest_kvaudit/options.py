@@ -56,11 +56,13 @@ PLAN = "--kvaudit-plan"
 SHARD = "--kvaudit-shard"
 PARTIALS = "--kvaudit-partials"
 MERGE = "--kvaudit-merge"
+BACKEND = "--kvaudit-backend"
 THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
 VALUE_OPTIONS: dict[str, str] = {
     MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
+    BACKEND: "the engine that runs the model (default: transformers)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
     DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
     TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
@@ -176,6 +178,10 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["dtypes"] = parse_dtypes(value(config, DTYPES) or "bf16,fp32")
         kw["device"] = parse_device(value(config, DEVICE) or "auto")
         kw["device_map"] = value(config, DEVICE_MAP)
+        if (engine := value(config, BACKEND)) is not None:
+            from pytest_kvaudit.engine.backends import check
+
+            kw["backend"] = check(engine)
         tf32 = value(config, TF32)
         if tf32 is not None and tf32 not in ("on", "off"):
             raise KvauditError(f"{TF32}={tf32!r}: use on or off")

@@ -42,7 +42,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
         h = store.handle(dtype)
         load_s = time.perf_counter() - t0
         cost = Cost()
-        dec = Decoder(h.model, h.eos_ids, cost)
+        dec = Decoder(h, h.eos_ids, cost)
         items = [it for it in store.items if it.prompt_ids is not None or it.prompt is not None][:sample]
         prompts = [prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model) for it in items]
         if prompts:  # one untimed forward: one-time kernel set-up is not a per-call cost

@@ -164,7 +164,7 @@ class BoundaryRule:
 
 
 #: AuditConfig fields that decide what is computed, beside the model and the item set
-WORK_FIELDS = ("n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
+WORK_FIELDS = ("backend", "n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
                "batch_units", "tf32", "device_map", "chat_template", "threads")
 
 
@@ -173,6 +173,7 @@ class AuditConfig:
     """Everything that decides what a run computes. Two runs with equal configs compute the same cells."""
 
     model: str = str(EMBEDDED_DIR)
+    backend: str = "transformers"  # the engine that runs the model (engine/backends/)
     items: str | None = None
     n: int | None = None
     dtypes: tuple[str, ...] = ("bf16", "fp32")

@@ -58,13 +58,15 @@ NO_FAULTS = Faults()
 class Decoder:
     """One model at one precision, run one forward at a time with its cost counted."""
 
-    def __init__(self, model: Any, eos_ids: frozenset[int], cost: Cost | None = None,
+    def __init__(self, backend: Any, eos_ids: frozenset[int] | None = None, cost: Cost | None = None,
                  faults: Faults = NO_FAULTS, cache_kind: str = "dynamic", max_cache_len: int | None = None) -> None:
-        self.model = model
-        self.eos_ids = eos_ids
+        if not hasattr(backend, "step"):  # a model already in memory: the transformers backend over it
+            from pytest_kvaudit.engine.backends.transformers import TransformersBackend
+
+            backend = TransformersBackend.of_model(backend, eos_ids or frozenset())
+        self.backend = backend
+        self.eos_ids = backend.eos_ids if eos_ids is None else eos_ids
         self.cost = cost if cost is not None else Cost()
-        self.device = next(model.parameters()).device
-        self._kwarg = kv.cache_kwarg(model)
         self.faults = faults
         self.path = ""  # what is being computed, for the fault hooks
         #: the layout of every fresh cache: dynamic, or static preallocated to ``max_cache_len`` positions
@@ -72,20 +74,32 @@ class Decoder:
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
         """Feed ``ids`` on top of ``cache`` (mutated); the next-token logits, shape ``[vocab]``."""
-        import torch
-
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            out = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{self._kwarg: cache})
+        logits = self.backend.step(ids, cache)
         self.cost.forward_calls += 1
         self.cost.forward_tokens += len(ids)
-        logits = out.logits[0, -1]
         if self.faults.logits is not None:
             logits = self.faults.logits(logits, self.path)
         return logits
 
+    def step_batch(self, rows: Sequence[Sequence[int]], pad: int) -> Any:
+        """A fresh state over ``rows`` left-padded into one batch, one forward (counted: every padded
+        position is a token the model ran); the state fault hook sees it at the current path."""
+        width = max(len(r) for r in rows)
+        state = self.backend.step_batch(rows, pad)
+        self.cost.forward_calls += 1
+        self.cost.forward_tokens += width * len(rows)
+        if self.faults.state is not None:
+            self.faults.state(state, self.path)
+        return state
+
     def fresh(self) -> Any:
-        return kv.new_cache(self.model, self.cache_kind, self.max_cache_len)
+        return self.backend.fresh(self.cache_kind, self.max_cache_len)
+
+    @property
+    def device(self) -> Any:
+        """Where the backend computes (a torch device for transformers), for timing syncs."""
+        dev = getattr(self.backend, "_device", None)
+        return dev if dev is not None else self.backend.device
 
     def build_state(self, ids: Sequence[int], chunks: Sequence[int]) -> Any:
         """A fresh cache filled by feeding ``ids`` in ``chunks``."""

@@ -107,22 +107,6 @@ def at_workers(parts: Sequence[float], workers: int) -> float:
     return round(parts[0] + parts[1] / max(1, workers), 2)
 
 
-def model_shape(model: Any) -> dict[str, int]:
-    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = int(getattr(c, "num_hidden_layers", 0) or getattr(c, "n_layer", 0))
-    heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 1)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-    hidden = int(getattr(c, "hidden_size", 0) or getattr(c, "n_embd", 0))
-    head_dim = int(getattr(c, "head_dim", None) or (hidden // heads if heads else 0))
-    from pytest_kvaudit.engine.state import LINEAR_LAYER, layers_of, new_cache
-
-    # a fresh cache's layer classes say whether any layer carries recurrent state (no forward needed)
-    fresh = [type(layer).__name__ for layer in layers_of(new_cache(model))]
-    return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "recurrent": int(any(LINEAR_LAYER in name for name in fresh))}
-
-
 def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batch_size: int) -> dict[str, Any]:
     """Peak K/V bytes: layers x kv heads x head_dim x positions x bytes x 2 (K and V), times the caches alive."""
     alive = max(CACHES_ALIVE, batch_size)  # the batch probe's one cache holds batch_size rows
@@ -203,7 +187,7 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     cal: dict[str, Any] = (calibrate(store, sample) if sample else
                            {"sample": 0, "dtypes": {}, "seconds": 0.0, "forward_tokens": 0})
     h = store.handle(cfg.primary_dtype)
-    shape = model_shape(h.model)
+    shape = h.shape()
     m = iset.max_new_tokens
     per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
     prompt_of: dict[str, int | None] = {}  # item -> prompt length, None where the item is too long to run

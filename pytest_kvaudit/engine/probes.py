@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine import state as kv
+from pytest_kvaudit.engine.backends import Backend
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.items import Item
-from pytest_kvaudit.engine.loading import ModelHandle
 from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def audited(store: Store, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
 def attention_axis(store: Store, dtype: str, attn: str) -> None:
     """Another attention implementation on the same items: is its live cache the same as its prefill?"""
     h = store.handle(dtype, attn)
-    dec = Decoder(h.model, h.eos_ids, store.cost, store.faults)
+    dec = Decoder(h, h.eos_ids, store.cost, store.faults)
     iset = store.item_set
     for item, rec in audited(store, dtype):
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
@@ -56,7 +56,7 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
                                  "tokens": dec.cost.forward_tokens - t0}
 
 
-def cache_axis(store: Store, h: ModelHandle, dtype: str, kind: str) -> None:
+def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
     """The constructions on another cache layout (``static``: tensors preallocated to prompt + max_new_tokens
     positions, what ``torch.compile`` users run). On its own trajectory: is its prefill equal to its live
     state (replay), its token-by-token replay equal to it bit for bit (the bridge), does a prefill receiving
@@ -65,7 +65,7 @@ def cache_axis(store: Store, h: ModelHandle, dtype: str, kind: str) -> None:
     iset = store.item_set
     for item, rec in audited(store, dtype):
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
-        dec = Decoder(h.model, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
+        dec = Decoder(h, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
         t0 = dec.cost.forward_tokens
         dec.path = f"cache:{kind}:live"
         tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
@@ -101,10 +101,9 @@ def cache_axis(store: Store, h: ModelHandle, dtype: str, kind: str) -> None:
         rec.probes.cache[kind] = out
 
 
-def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> None:
-    """The item's boundary state computed alone vs as one row of a left-padded batch of others."""
-    import torch
-
+def batch_invariance(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:
+    """The item's boundary state computed alone vs as one row of a left-padded batch of others (one forward
+    through the decoder: counted, and seen by the state fault hook at path ``batch``)."""
     from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
 
     b, all_items = store.cfg.batch_size, store.item_set.items
@@ -120,24 +119,15 @@ def batch_invariance(store: Store, dec: Decoder, h: ModelHandle, dtype: str) -> 
         rows = [head] + [r for r in other_rows if h.max_positions is None or len(r) <= h.max_positions]
         if len(rows) < 2:  # every other prompt is too long to share a batch with
             continue
-        width = max(len(r) for r in rows)
         pad = h.tokenizer.pad_token_id if h.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dec.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dec.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = dec.fresh()
         outcome: dict[str, Any]
-        ran = 0
+        t0 = dec.cost.forward_tokens
+        dec.path = "batch"
         try:
-            with torch.no_grad():
-                h.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                        **{kv.cache_kwarg(h.model): cache})
-            dec.cost.forward_calls += 1
-            dec.cost.forward_tokens += int(ids.numel())
-            ran = int(ids.numel())
+            cache = dec.step_batch(rows, pad)
             mine = kv.row_state(cache, 0, len(head))
             same = kv.fingerprint_tensors(mine, tag=b"kv") == rec.constructions["prefill"].state_fp
-            outcome = {"batch_size": b, "state_equal": same, "tokens": ran}
+            outcome = {"batch_size": b, "state_equal": same, "tokens": dec.cost.forward_tokens - t0}
         except (RuntimeError, ValueError, IndexError, UnsupportedCacheError) as exc:  # no comparable row
-            outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200], "tokens": ran}
+            outcome = {"batch_size": b, "error": str(exc).splitlines()[0][:200], "tokens": dec.cost.forward_tokens - t0}
         rec.probes.batch = outcome

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.engine import probes
+from pytest_kvaudit.engine.backends import Backend, open_backend
 from pytest_kvaudit.engine.cells import CellBuilder, prompt_ids
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig
 from pytest_kvaudit.engine.decoder import NO_FAULTS, Cost, Decoder, Faults
+from pytest_kvaudit.engine.environment import environment
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.itemcheck import check_markers, check_prompt_ids, resolve
 from pytest_kvaudit.engine.items import Item, ItemSet
-from pytest_kvaudit.engine.loading import ModelHandle, environment, open_model
 from pytest_kvaudit.engine.records import CellRecord
 from pytest_kvaudit.engine.tally import Progress, Tally
 from pytest_kvaudit.engine.work import LostItem, WorkSource, within
@@ -53,7 +54,7 @@ class Store:
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self.stages: dict[str, float] = {}  # seconds per precision: model load, its cells and probes
         self.plan: dict[str, Any] = {}  # what the run intended, priced before it ran (:mod:`.plan`)
-        self._handles: dict[str, ModelHandle] = {}
+        self._handles: dict[str, Backend] = {}
 
     @classmethod
     def open(cls, cfg: AuditConfig, faults: Faults = NO_FAULTS, shard: tuple[int, int] = (0, 1)) -> Store:
@@ -65,18 +66,18 @@ class Store:
         self.compute()
         return self.records[(item_id, dtype)]
 
-    def handle(self, dtype: str, attn: str | None = None) -> ModelHandle:
+    def handle(self, dtype: str, attn: str | None = None) -> Backend:
         """The model at ``dtype`` (and attention ``attn``, default the run's); one in memory at a time."""
         key = f"{dtype}/{attn or self.cfg.attn}"
         if key not in self._handles:
             self._handles.clear()
             _free_device_memory()
             c = self.cfg
-            self._handles[key] = open_model(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle,
+            self._handles[key] = open_backend(c.backend, c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle,
                                             c.device_map)
         return self._handles[key]
 
-    def prompt_ids(self, item: Item, h: ModelHandle) -> tuple[int, ...]:
+    def prompt_ids(self, item: Item, h: Backend) -> tuple[int, ...]:
         return prompt_ids(item, h.tokenizer, self.cfg.chat_template, self.cfg.model)
 
     # -- computing -----------------------------------------------------------------------------
@@ -103,11 +104,12 @@ class Store:
                 self.identity = dict(h.identity)
                 if Path(self.cfg.model).resolve() == EMBEDDED_DIR.resolve():
                     self.identity["id"] = "embedded"
-                self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation}
+                self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
+                                                            "backend": self.cfg.backend}
             self.environment.setdefault("dtypes", []).append(dtype)
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
-            dec = Decoder(h.model, h.eos_ids, self.cost, self.faults)
+            dec = Decoder(h, h.eos_ids, self.cost, self.faults)
             builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
             for j, item in self._taken(phase, queue):
                 # the budgets go to the first transplant units in (precision, item) order; under xdist counted

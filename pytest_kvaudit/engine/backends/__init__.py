@@ -1,0 +1,47 @@
+"""Model engines behind one protocol (:mod:`.protocol`), chosen by name (``--kvaudit-backend``) and imported
+only when chosen, the way pytest-benchmark picks a storage by its URL's scheme. transformers is the default;
+a second engine is one module with an ``open_backend`` function and one entry here (or a call to
+:func:`register_backend` from a plugin or conftest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+from typing import Any
+
+from pytest_kvaudit.engine.backends.protocol import Backend
+from pytest_kvaudit.engine.errors import KvauditError
+
+__all__ = ["Backend", "known", "open_backend", "register_backend"]
+
+#: name -> "module:function" (imported when chosen) or the opener itself
+_BACKENDS: dict[str, str | Callable[..., Backend]] = {
+    "transformers": "pytest_kvaudit.engine.backends.transformers:open_backend",
+}
+
+
+def register_backend(name: str, opener: str | Callable[..., Backend]) -> None:
+    """Make ``--kvaudit-backend=name`` open models with ``opener(spec, dtype, device, attn, trust_remote_code,
+    allow_pickle, device_map)``."""
+    _BACKENDS[name] = opener
+
+
+def known() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def check(name: str) -> str:
+    if name not in _BACKENDS:
+        raise KvauditError(f"--kvaudit-backend={name!r} is not a known backend: use {', '.join(known())}")
+    return name
+
+
+def open_backend(name: str, spec: str, dtype: str, device: str = "auto", attn: str | None = None,
+                 trust_remote_code: bool = False, allow_pickle: bool = False, device_map: str | None = None) -> Backend:
+    """``spec`` loaded at ``dtype`` by the backend ``name``."""
+    opener: Any = _BACKENDS[check(name)]
+    if isinstance(opener, str):
+        module, fn = opener.split(":")
+        opener = getattr(import_module(module), fn)
+    backend: Backend = opener(spec, dtype, device, attn, trust_remote_code, allow_pickle, device_map)
+    return backend
