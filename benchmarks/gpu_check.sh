@@ -11,7 +11,8 @@ mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH="/tmp/site:$PWD" PYTEST_PLUGINS=pytest_kvaudit.plugin PYTHONUNBUFFERED=1
+# pytest-benchmark, where the image has it, warns under xdist and the project turns warnings into errors
+export PYTHONPATH="/tmp/site:$PWD" PYTEST_PLUGINS=pytest_kvaudit.plugin PYTHONUNBUFFERED=1 PYTEST_ADDOPTS="-p no:benchmark"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
