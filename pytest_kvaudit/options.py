@@ -60,7 +60,7 @@ THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
 VALUE_OPTIONS: dict[str, str] = {
-    MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
+    MODEL: "checkpoint directory, .gguf file or hub id (default: the embedded checkpoint)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
     DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
     TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
