@@ -61,14 +61,14 @@ THRESHOLDS_INI = "kvaudit_thresholds"
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
 VALUE_OPTIONS: dict[str, str] = {
-    MODEL: "checkpoint directory or hub id (default: the embedded checkpoint)",
+    MODEL: "checkpoint directory, .gguf file or hub id (default: the embedded checkpoint)",
     BACKEND: "the engine that runs the model (default: transformers)",
     DTYPES: "comma list of precisions to run, first one fixes the 2x2's prefix (default: bf16,fp32)",
     DEVICE: "auto, cpu, cuda or cuda:N (default: auto; under xdist worker i takes GPU i mod the GPU count)",
     TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
     DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
     ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
-    ITEMS: "item set JSONL (default: the checkpoint's items.jsonl)",
+    ITEMS: "item set JSONL, or a built-in set: builtin:arith-v2, builtin:arith-v1 (default: the checkpoint's items.jsonl, else builtin:arith-v2)",
     N: "use the first N items",
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",

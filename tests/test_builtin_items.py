@@ -1,4 +1,5 @@
-"""The built-in item set: the same items on every machine, a boundary every model reaches, plain ASCII."""
+"""The built-in item set v1 (``builtin:arith-v1``): the same items on every machine, a boundary every model
+reaches, plain ASCII. v2, the default, is pinned in test_builtin_v2.py."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from pytest_kvaudit.engine.builtin_items import (
     BUILTIN_NAME,
     BUILTIN_PATH,
     BUILTIN_SIZE,
-    builtin_item_set,
 )
+from pytest_kvaudit.engine.builtin_items import builtin_item_set as any_builtin_set
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.items import extract_answer
+from pytest_kvaudit.engine.items import ItemSet, extract_answer
 
 #: sha256 of the default set's (id, prompt, answer) triples. A change here changes every ledger recorded on
 #: the built-in set: bump BUILTIN_NAME's version with it, never just this digest.
 GOLDEN_SHA256 = "0423935e1c24d8afc88bd1bb208d03a3c3506902f97c1f514f91510e59cabafc"
+
+
+def builtin_item_set(n: int | None = None) -> ItemSet:
+    """v1, selected by name as ``--kvaudit-items=builtin:arith-v1`` selects it."""
+    return any_builtin_set(n, BUILTIN_NAME)
 
 
 def digest(n: int | None = None) -> str:
@@ -49,7 +55,7 @@ def test_same_in_a_fresh_interpreter_without_torch_or_pytest() -> None:
     code = (
         "import sys, json, hashlib\n"
         "from pytest_kvaudit.engine.builtin_items import builtin_item_set\n"
-        "rows = [[i.id, i.prompt, i.answer] for i in builtin_item_set().items]\n"
+        "rows = [[i.id, i.prompt, i.answer] for i in builtin_item_set(None, 'builtin:arith-v1').items]\n"
         "print(hashlib.sha256(json.dumps(rows).encode()).hexdigest())\n"
         "print(sorted(m for m in ('torch', 'transformers', 'pytest') if m in sys.modules))\n"
     )

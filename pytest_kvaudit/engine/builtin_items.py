@@ -1,4 +1,11 @@
-"""The built-in item set, for checkpoints that ship no ``items.jsonl``.
+"""The built-in item sets, for checkpoints that ship no ``items.jsonl``, chosen by name.
+
+A checkpoint without items gets :data:`BUILTIN_DEFAULT` (``builtin:arith-v2``, two-step problems a real
+instruct model works through: see ``builtin_arith_v2``); ``--kvaudit-items=builtin:arith-v1`` picks the
+older set described here, kept because ledgers were recorded on it. A set's name carries its version: a
+change to its items is a new name, never a new digest under the old one.
+
+``builtin:arith-v1``:
 
 A checkpoint without an item set must still get a run whose figures mean the same on every machine,
 so the items are generated, not sampled at run time: a ``random.Random(0)`` stream drawn in a fixed
@@ -16,8 +23,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_kvaudit.engine import builtin_arith_v2 as v2
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet
 
@@ -27,6 +36,8 @@ BUILTIN_NAME = "builtin:arith-v1"
 BUILTIN_PATH = Path(f"<{BUILTIN_NAME}>")
 #: Items in the set when no count is asked for.
 BUILTIN_SIZE = 64
+#: The set a checkpoint without items gets.
+BUILTIN_DEFAULT = v2.NAME
 #: The most items the generator is asked for; every kind of question still has unused prompts there.
 BUILTIN_MAX = 1000
 #: A token offset every model reaches, since it counts generated tokens rather than looking for text.
@@ -85,24 +96,46 @@ def _generate(count: int) -> tuple[Item, ...]:
     return tuple(items)
 
 
-def builtin_item_set(n: int | None = None) -> ItemSet:
-    """The built-in set's first ``n`` items (``BUILTIN_SIZE`` when ``n`` is None), identical everywhere.
+@dataclass(frozen=True)
+class BuiltinSet:
+    """One built-in set: its generator (``count`` -> the first ``count`` items) and its rules."""
 
-    ``n`` may exceed ``BUILTIN_SIZE`` (up to ``BUILTIN_MAX``) because the items come from a generator:
+    generate: Callable[[int], tuple[Item, ...]]
+    size: int
+    boundary: str
+    answer_regex: str
+    max_new_tokens: int
+
+
+#: every built-in set by the name ``--kvaudit-items`` and the report's ``items.set`` use
+BUILTIN_SETS: dict[str, BuiltinSet] = {
+    BUILTIN_NAME: BuiltinSet(_generate, BUILTIN_SIZE, BUILTIN_BOUNDARY, BUILTIN_ANSWER_REGEX, BUILTIN_MAX_NEW_TOKENS),
+    v2.NAME: BuiltinSet(v2.generate, v2.SIZE, v2.BOUNDARY, v2.ANSWER_REGEX, v2.MAX_NEW_TOKENS),
+}
+
+
+def is_builtin(spec: str | None) -> bool:
+    """``--kvaudit-items`` names a built-in set (``builtin:NAME``, or ``<builtin:NAME>`` as a partial records it)."""
+    return bool(spec) and str(spec).strip("<>").startswith("builtin:")
+
+
+def builtin_item_set(n: int | None = None, name: str = BUILTIN_DEFAULT) -> ItemSet:
+    """The built-in set ``name``'s first ``n`` items (its own size when ``n`` is None), identical everywhere.
+
+    ``n`` may exceed the set's size (up to ``BUILTIN_MAX``) because the items come from a generator:
     ``--kvaudit-n=200`` on a checkpoint without items should run 200 units, not fail.
     """
-    count = BUILTIN_SIZE if n is None else n
+    name = name.strip("<>")
+    if name not in BUILTIN_SETS:
+        raise KvauditError(f"--kvaudit-items={name}: no such built-in item set; built-in sets: {', '.join(BUILTIN_SETS)}")
+    spec = BUILTIN_SETS[name]
+    count = spec.size if n is None else n
     if count < 1:
         raise KvauditError(f"--kvaudit-n={count}: must be at least 1")
     if count > BUILTIN_MAX:
         raise KvauditError(
-            f"--kvaudit-n={count} but the built-in item set ({BUILTIN_NAME}) holds at most {BUILTIN_MAX} items: "
+            f"--kvaudit-n={count} but the built-in item set ({name}) holds at most {BUILTIN_MAX} items: "
             "lower --kvaudit-n or pass --kvaudit-items=FILE.jsonl"
         )
-    return ItemSet(
-        path=BUILTIN_PATH,
-        items=_generate(count),
-        boundary=BUILTIN_BOUNDARY,
-        answer_regex=BUILTIN_ANSWER_REGEX,
-        max_new_tokens=BUILTIN_MAX_NEW_TOKENS,
-    )
+    return ItemSet(path=Path(f"<{name}>"), items=spec.generate(count), boundary=spec.boundary,
+                   answer_regex=spec.answer_regex, max_new_tokens=spec.max_new_tokens)

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from pytest_kvaudit.engine.builtin_items import builtin_item_set
+from pytest_kvaudit.engine.builtin_items import BUILTIN_DEFAULT, builtin_item_set, is_builtin
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
@@ -19,8 +19,8 @@ def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
     local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
     if not cfg.items and (local / "items.jsonl").is_file():
         cfg = cfg.replace(items=str(local / "items.jsonl"))
-    if not cfg.items:  # a checkpoint without an item set: the built-in one, named in the report
-        iset = builtin_item_set(cfg.n)
+    if not cfg.items or is_builtin(cfg.items):  # no item set, or one named: a built-in set, named in the report
+        iset = builtin_item_set(cfg.n, cfg.items or BUILTIN_DEFAULT)
         over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
                                   ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
         return cfg, dataclasses.replace(iset, **over)

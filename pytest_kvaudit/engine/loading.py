@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine import gguf
 from pytest_kvaudit.engine.environment import TORCH_DTYPES, check_dtype_supported, environment, resolve_device
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
@@ -44,9 +45,12 @@ def resolve_checkpoint(spec: str, trust_remote_code: bool = False) -> Path:
     p = Path(spec).expanduser()
     if p.is_dir():
         return p.resolve()
+    if p.is_file() and gguf.gguf_file(p):  # GGUF: one file holds weights, tokenizer and chat template
+        return p.resolve()
     if p.exists():
-        raise KvauditError(f"checkpoint {spec} is a file, not a directory: pass the folder holding config.json")
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) or spec.endswith((".json", ".safetensors")):
+        raise KvauditError(f"checkpoint {spec} is a file, not a directory: pass the folder holding config.json, "
+                           "or a .gguf file")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) or spec.endswith((".json", ".safetensors", ".gguf")):
         raise KvauditError(
             f"checkpoint directory {spec} does not exist: pass --kvaudit-model=DIR or a hub id such as org/name"
         )
@@ -105,6 +109,8 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def model_identity(spec: str, path: Path, allow_pickle: bool = False) -> dict[str, Any]:
     """What makes a checkpoint itself: architecture, depth and a digest of its weight bytes."""
+    if (g := gguf.gguf_file(path)) is not None:
+        return gguf.identity(spec, g, file_digest(g))
     cfg = read_config(path)
     h = hashlib.sha256()
     for f in weights_files(path, allow_pickle):
@@ -124,6 +130,8 @@ def model_identity(spec: str, path: Path, allow_pickle: bool = False) -> dict[st
 def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
+    if (g := gguf.gguf_file(path)) is not None:
+        return gguf.load_tokenizer(g)
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except ValueError as exc:
@@ -150,6 +158,8 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress is kvaudit's to show, once per run, not per load
+    if (g := gguf.gguf_file(path)) is not None:
+        return gguf.load_model(g, dtype, device, attn, device_map)
     cfg = read_config(path)
     if cfg.get("auto_map") and not trust_remote_code and not _known_model_type(cfg.get("model_type")):
         raise KvauditError(
