@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -139,19 +138,22 @@ def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.Monkey
 def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import torch
 
+    from pytest_kvaudit.dist.lifecycle import Lifecycle
+    from pytest_kvaudit.dist.topology import Topology
     from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.runtime import prepare
     from pytest_kvaudit.engine.store import Store
-    from pytest_kvaudit.session import KvauditSession
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(Store, "open", classmethod(lambda cls, cfg, *a: seen.append(cfg.device)))
-    no_faults = SimpleNamespace(hook=SimpleNamespace(pytest_kvaudit_faults=lambda config: None))
     for index in range(3):
-        sess = KvauditSession(AuditConfig(), no_faults, {}, None, shard=(index, 3, tmp_path))  # type: ignore[arg-type]
-        sess._open()
+        Lifecycle(AuditConfig(), Topology(worker=(index, 3, tmp_path))).open()
     assert seen == ["cuda:0", "cuda:1", "cuda:0"]
+    # one process alone keeps the device it was given; a device_map spreads one model and is left alone
+    assert prepare(AuditConfig(device="auto")).device == "auto"
+    assert prepare(AuditConfig(device_map="auto"), 1).device == "auto"
     torch.set_num_threads(1)
 
 
