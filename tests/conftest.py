@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  (before any pytester snapshot of sys.modules: torch cannot be imported twice)
 
 pytest_plugins = ["pytester"]
 
