@@ -34,8 +34,12 @@ def test_committed_ledger_audits_on_the_first_items(pytester: pytest.Pytester) -
     shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
     res = pytester.runpytest_subprocess("--kvaudit-n=12", f"--kvaudit-snapshots={REPO / 'snapshots'}",
                                         "-p", "no:cacheprovider", "-p", "no:randomly")
-    res.assert_outcomes(passed=1)
-    res.stdout.fnmatch_lines(["*ledger_audit*PASS*24*24*all 24 recorded units reproduced (ids, labels and every fingerprint)*"])
+    if res.parseoutcomes().get("passed") == 1:  # the environment that recorded the ledger: every bit back
+        res.stdout.fnmatch_lines(["*ledger_audit*PASS*24*24*all 24 recorded units reproduced (ids, labels and every "
+                                  "fingerprint)*"])
+    else:  # another CPU instruction set or library: the bits are not comparable, and the run says which fields
+        res.assert_outcomes(skipped=1)
+        res.stdout.fnmatch_lines(["*ledger_audit*INCONCLUSIVE*recorded in another environment (environment.*"])
 
 
 def test_first_items_show_divergence_in_bf16_only(pytester: pytest.Pytester) -> None:

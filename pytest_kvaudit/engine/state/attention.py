@@ -80,7 +80,8 @@ class SlidingWindow:
     """``DynamicSlidingWindowLayer`` and ``StaticSlidingWindowLayer``: K and V over the window it keeps."""
 
     attributes: frozenset[str] = _COMMON | {"max_cache_len", "cumulative_length", "cumulative_length_int",
-                                                      "sliding_window", "_is_croppable"}
+                                                      "sliding_window", "_is_croppable", "_sliding_window_tensor",
+                                                      "record_past"}
 
     def describe(self, layer: Any) -> str:
         window = getattr(layer, "sliding_window", None) or getattr(layer, "max_cache_len", None)
