@@ -189,6 +189,11 @@ def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest
     res, c = run(pytester, tiny_llama)
     res.assert_outcomes(skipped=1)  # not the checkpoint's fault: no verdict on bits, and both ways forward named
     assert c["status"] == "inconclusive" and c["figures"]["identity_differences"][0].startswith("environment.torch")
+    # what can be compared across environments is, beside the verdict: every trajectory and suffix, token for token
+    tl = c["figures"]["token_level"]
+    assert tl and all(x["trajectories_reproduced"] == x["units"] > 0 and x["suffixes_reproduced"] == x["suffixes"] > 0
+                      for x in tl.values())
+    res.stdout.fnmatch_lines(["*token level, comparable across environments: *trajectories and *suffixes token for token*"])
     res.stdout.fnmatch_lines(["*recorded in another environment (environment.torch recorded '1.0.0', now '*'), so its "
                               "bits cannot be audited here: re-record it here with --snapshot-update, or audit the "
                               "token-level fields with --kvaudit-ledger-tokens-only*"])
@@ -198,6 +203,13 @@ def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest
     res, c = run(pytester, tiny_llama, "--kvaudit-ledger-tokens-only")
     res.assert_outcomes(passed=1)
     assert c["figures"]["tokens_only"] is True
+    name, unit = next(iter(doc["units"].items()))  # one suffix moved: the token-level count says so
+    c0 = unit["constructions"]["prefill"]
+    c0["suffix"] = " ".join(["7"] * max(1, len(c0["suffix"].split())))
+    path.write_text(json.dumps(doc))
+    res, c = run(pytester, tiny_llama)
+    d = c["figures"]["token_level"][name.rsplit("@", 1)[1]]
+    assert d["suffixes_reproduced"] == d["suffixes"] - 1 and d["units_reproduced"] == d["units"] - 1
 
 
 def test_truncated_ledger_is_named(pytester: pytest.Pytester, tiny_llama: Path) -> None:

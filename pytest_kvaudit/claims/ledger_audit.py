@@ -94,11 +94,15 @@ class LedgerAudit(Claim):
                                    f"{'; '.join(diffs)}; record a ledger for this checkpoint with --snapshot-update "
                                    f"(or --kvaudit-snapshots=DIR){units}", figs, list(a.mismatches))
             # Another CPU, GPU or library version computes other bits without the checkpoint being at fault:
-            # no verdict on bits here (--kvaudit-strict makes this a failure).
+            # no verdict on bits here (--kvaudit-strict makes this a failure). What can still be compared across
+            # environments, the token ids of every trajectory and suffix, is counted beside it.
+            figs["token_level"] = tl = L.token_level(recorded, current)
+            tokens = "; ".join(f"{d}: {c['trajectories_reproduced']}/{c['units']} trajectories and "
+                               f"{c['suffixes_reproduced']}/{c['suffixes']} suffixes token for token" for d, c in tl.items())
             return self.result(INCONCLUSIVE, a.units, a.reproduced, f"ledger {path} was recorded in another environment "
                                f"({'; '.join(diffs)}), so its bits cannot be audited here: re-record it here with "
                                f"--snapshot-update, or audit the token-level fields with --kvaudit-ledger-tokens-only"
-                               f"{units}", figs)
+                               f"{units}; token level, comparable across environments: {tokens or 'no unit in common'}", figs)
         figs = {"reproduced": a.reproduced, "units": a.units, "not_recorded": len(a.not_recorded), "not_run": a.not_run,
                 "tokens_only": tokens_only, "ledger": str(path)}
         if a.mismatches:

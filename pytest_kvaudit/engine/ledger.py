@@ -196,6 +196,31 @@ def audit(recorded: Mapping[str, Any], current: Mapping[str, Any], tokens_only: 
     return res
 
 
+def token_level(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """What survives a change of environment, per precision: of the units both ledgers hold, how many
+    trajectories (generated ids) and how many continuation suffixes (constructions, fixed cells, transplants)
+    came back token for token. Bits depend on the CPU's instruction set and the libraries; token ids are
+    what a user on another machine can still compare, and the count says how far the run moved."""
+    out: dict[str, dict[str, int]] = {}
+    for name, cu in current["units"].items():
+        ru = recorded["units"].get(name)
+        if ru is None:
+            continue
+        c = out.setdefault(name.rsplit("@", 1)[-1], dict.fromkeys(
+            ("units", "units_reproduced", "trajectories_reproduced", "suffixes", "suffixes_reproduced"), 0))
+        c["units"] += 1
+        c["trajectories_reproduced"] += int(ru.get("generated") == cu.get("generated"))
+        c["units_reproduced"] += int(not [f for f in TOKEN_FIELDS if ru.get(f) != cu.get(f)]
+                                     and not any(_diff_cont(b, ru.get(b, {}), cu.get(b, {}), True)
+                                                 for b in ("constructions", "fixed", "transplants")))
+        for block in ("constructions", "fixed", "transplants"):
+            ra, ca = ru.get(block, {}), cu.get(block, {})
+            for k in set(ra) & set(ca):
+                c["suffixes"] += 1
+                c["suffixes_reproduced"] += int(ra[k].get("suffix") == ca[k].get("suffix"))
+    return dict(sorted(out.items()))
+
+
 def matches(recorded_text: str, current_text: str, tokens_only: bool) -> bool:
     """syrupy's comparison, asked only when ``--snapshot-update`` records a ledger (``ledger_audit`` audits a
     plain run itself, with :func:`audit`): the same document, so that an update rewrites a ledger whenever

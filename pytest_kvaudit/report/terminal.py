@@ -98,6 +98,9 @@ def plan_vs_actual(plan: Mapping[str, Any], cost: Mapping[str, Any]) -> str:
     if pred is not None:
         led = plan.get("ledger") or {}
         src = f"the ledger {_near(str(led['path']))}" if led.get("usable") else "the calibration sample"
+        if led.get("usable") and not led.get("exact"):  # another CPU or library computed those lengths
+            src += (", recorded where " + ", ".join(d.split(" recorded")[0] for d in led.get("environment_differences")
+                                                      or ["axes"]) + " differed, so an estimate")
         line += f", predicted {pred} from {src} ({'exact' if pred == ran else f'{ran / max(1, pred):.3f}x'})"
     priced = (plan.get("priced_after_run") or {}).get("forward_tokens")
     line += f"; at most {plan['forward_tokens']} (the plan's bound)"
