@@ -33,6 +33,20 @@ def label(layers: tuple[int, ...] | list[int] | None, parts: str) -> str:
     return f"{where}:{parts}"
 
 
+def layers_text(layers: Iterable[int] | None) -> str:
+    """Layers as runs for people (``0-14``, ``3, 7-9``; ``all``): an 80-layer bottom set spelled out in full is
+    unreadable. The report's ``subset`` keys stay the full list."""
+    if layers is None:
+        return "all"
+    runs: list[list[int]] = []
+    for x in sorted(layers):
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}\u2013{b}" for a, b in runs)
+
+
 def _donor(t: Any) -> bool:  # the controls (sham, identical layers) are donor_following's, not the sweep's
     return getattr(t, "kind", "donor") == "donor"
 
