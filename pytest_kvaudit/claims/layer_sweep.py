@@ -22,7 +22,7 @@ DIRECTIONS = ("live_to_prefill", "prefill_to_live")
 PART_ORDER = {"kv": 0, "k": 1, "v": 2, "attn": 3, "recurrent": 4}
 INFERENCE_NOTE = ("curves: at each j, 'tried' pairs were transplanted with exactly the bottom/top j layers; the "
                   "others are 'inferred' from monotonicity (a pair that followed with fewer layers follows, one "
-                  "that did not with more layers does not, and no layers is the receiver's own cache); 'unknown' "
+                  "that did not with more layers does not); 'unknown' "
                   "where its tried points contradict monotonicity. The all-layer point (j = n) is the all-layer "
                   "transplant.")
 

@@ -32,6 +32,7 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ax.hist(xs, bins=range(0, max(xs) + 2), alpha=0.7, label=d)
     ax.set_xlabel("suffix position of first divergence")
     ax.set_ylabel("items")
+    _integer_ticks(ax, "both")  # positions and counts: no 2.5 items
     ax.set_title(f"Where live and prefill part ({len(rows)} items)")
     if by:
         ax.legend()
@@ -46,6 +47,7 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ax.legend()
     ax.set_xlabel("top-1 minus top-2 logit at the first divergence")
     ax.set_ylabel("items")
+    _integer_ticks(ax, "y")
     ax.set_title("Margin at first divergence (near-ties)")
     out.append(("fig-margin", "Top-2 logit margin at the first divergence under each construction: divergence "
                 "happens at near-ties.", png(fig)))
@@ -62,6 +64,13 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                     "(a pair that followed with fewer layers follows). The strip below: single layers, where tried "
                     "(grey: not tried).", _sweep(plt, sweep)))
     return out
+
+
+def _integer_ticks(ax: Any, which: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for name in ("x", "y") if which == "both" else (which,):
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(nbins=MAX_TICKS, integer=True))
 
 
 def _layer_axis(ax: Any, n: int, first: int) -> None:
@@ -97,7 +106,7 @@ def _drift(plt: Any, drift: Mapping[str, list[dict[str, Any]]]) -> str:
 def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
     curves, singles, n = sw["curves"], sw.get("singles", []), int(sw.get("n_layers") or 0)
     if singles:
-        fig, (ax, strip) = plt.subplots(2, 1, figsize=(7, 4.2), sharex=True, gridspec_kw={"height_ratios": [5, 1]})
+        fig, (ax, strip) = plt.subplots(2, 1, figsize=(7, 4.3), gridspec_kw={"height_ratios": [5, 1], "hspace": 0.55})
     else:
         fig, ax = plt.subplots(figsize=(7, 3.4))
     for i, (key, name) in enumerate((("from_bottom", "bottom j layers"), ("from_top", "top j layers"))):
@@ -116,6 +125,7 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
     ax.legend(fontsize=8, loc="center right", frameon=False)
     ax.grid(alpha=0.3)
     _layer_axis(ax, n, 1)
+    ax.set_xlabel("j: layers transplanted, the first j (bottom) or the last j (top)")
     if singles:
         import numpy as np
 
@@ -124,13 +134,16 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
             row[0, s_["layer"]] = s_["followed"] / max(1, s_["n"])
         cmap = plt.get_cmap("viridis").copy()
         cmap.set_bad("#dddddd")
-        # single layer i sits under j = i + 1, the bottom set whose last layer it is
-        strip.imshow(row, vmin=0, vmax=1, cmap=cmap, aspect="auto", extent=(0.5, n + 0.5, 0, 1))
+        strip.imshow(row, vmin=0, vmax=1, cmap=cmap, aspect="auto", extent=(-0.5, n - 0.5, 0, 1))
+        if n <= 16:  # room for the numbers; beyond, the colour bar reads them
+            for s_ in singles:
+                v = s_["followed"] / max(1, s_["n"])
+                strip.text(s_["layer"], 0.5, f"{v:.0%}", ha="center", va="center", fontsize=8,
+                           color="w" if v < 0.6 else "k")
+        fig.colorbar(strip.images[0], ax=strip, orientation="vertical", fraction=0.04, pad=0.01, ticks=[0, 1])
         strip.set_yticks([])
-        strip.set_ylabel("single", rotation=0, ha="right", va="center", fontsize=8)
-        strip.set_xlabel("j (layers transplanted); strip: layer j - 1 alone")
-    else:
-        ax.set_xlabel("j (layers transplanted)")
+        _layer_axis(strip, n, 0)
+        strip.set_xlabel("single layer transplanted alone (grey: not tried)")
     return png(fig)
 
 
