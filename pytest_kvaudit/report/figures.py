@@ -57,7 +57,7 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 "bit-identical).",
                 _drift(plt, an.get("drift", {}))))
     sweep = a.get("layer_sweep", {})
-    if sweep.get("curves"):
+    if sweep.get("units") and sweep.get("curves") and sweep.get("n_layers"):
         out.append(("fig-layer-sweep", "Layer sweep: share of (unit, direction) pairs whose receiver follows its "
                     "donor when the first (bottom) or last (top) j layers' K/V are transplanted. Filled markers: j "
                     "values transplanted on at least one pair; the rest of each line is inferred from monotonicity "
