@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pytest_kvaudit.claims.stats import wilson_interval
+from pytest_kvaudit.claims.layer_sweep import layer_sweep
 
 
 def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
@@ -57,43 +57,6 @@ def anatomy(records: Iterable[Any]) -> dict[str, Any]:
         for d, acc in drift_acc.items()
     }
     return {"divergent": rows, "drift": drift}
-
-
-def _label(layers: tuple[int, ...] | None, parts: str) -> str:
-    where = "all" if layers is None else ",".join(map(str, layers))
-    return f"{where}:{parts}"
-
-
-def layer_sweep(records: Iterable[Any], max_units: int | None = None) -> dict[str, Any]:
-    """Share of receivers that follow their donor per transplanted layer subset, on the swept units
-    (the first ``max_units`` divergent items in item order), and the smallest subset sufficient on all."""
-    def donor(t: Any) -> bool:  # the controls (sham, identical layers) are donor_following's, not the sweep's
-        return getattr(t, "kind", "donor") == "donor"
-
-    units = [r for r in records if r.eligible and any(donor(t) and not t.whole for t in r.transplants)]
-    if max_units is not None:
-        units = units[:max_units]
-    table: dict[str, dict[str, Any]] = {}
-    for r in units:
-        for t in filter(donor, r.transplants):
-            key = _label(t.layers, t.parts)
-            row = table.setdefault(key, {"layers": None if t.layers is None else list(t.layers), "parts": t.parts,
-                                         "live_to_prefill": [0, 0], "prefill_to_live": [0, 0]})
-            row[t.direction][0] += int(t.followed)
-            row[t.direction][1] += 1
-    rows = []
-    for key, row in table.items():
-        k = row["live_to_prefill"][0] + row["prefill_to_live"][0]
-        n = row["live_to_prefill"][1] + row["prefill_to_live"][1]
-        row.update(subset=key, follow_rate=k / n if n else 0.0, wilson=list(wilson_interval(k, n)),
-                   size=(len(row["layers"]) if row["layers"] is not None else None))
-        rows.append(row)
-    n_layers = max((len(r.drift) for r in units), default=0)
-    sufficient = [r for r in rows if r["follow_rate"] == 1.0 and r["parts"] == "kv"]
-    minimal = min(sufficient, key=lambda r: (r["size"] if r["size"] is not None else n_layers, r["subset"]), default=None)
-    rows.sort(key=lambda r: (r["parts"] != "kv", r["size"] if r["size"] is not None else n_layers + 1, r["subset"]))
-    return {"units": [f"{r.item_id}@{r.dtype}" for r in units], "subsets": rows,
-            "minimal_sufficient": None if minimal is None else {"subset": minimal["subset"], "layers": minimal["layers"]}}
 
 
 def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:

@@ -110,7 +110,8 @@ class DonorFollowing(Claim):
         figs["differing_layers"] = {d: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for d, v in differing.items()}
         figs["identical_layer_units"] = sum(bool(r.comparison.identical_layers) for r in chosen)
         sw = layer_sweep(rows, ev.config.sweep_units)
-        figs["sufficient_subsets"] = [s["subset"] for s in sw["subsets"] if s["follow_rate"] == 1.0 and s["parts"] == "kv"]
+        # tried on every swept (unit, direction) and followed on each: the bisection tries most subsets on some only
+        figs["sufficient_subsets"] = sw["sufficient"]
         figs["minimal_sufficient"] = (sw["minimal_sufficient"] or {}).get("subset")
         figs["swept_units"] = len(sw["units"])
         note = ""

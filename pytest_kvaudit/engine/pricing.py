@@ -33,7 +33,7 @@ from pytest_kvaudit.engine.pipeline import (
     replica_generated,
     step_named,
 )
-from pytest_kvaudit.engine.records import sweep_subsets
+from pytest_kvaudit.engine.sweep import sweep_tries_max
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -112,10 +112,11 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
 
 
 def transplants_per_unit(sweep: bool, n_layers: int, recurrent: bool = False) -> int:
-    """Continuations on one divergent unit: all layers both ways (and the sweep's subsets both ways), two
+    """Continuations on one divergent unit, at most: all layers both ways (and the sweep's both ways: its
+    bisection stops where the outcomes say, so the plan prices its bound, ``ceil(log2 n)`` a search), two
     shams, (at most) two transplants of the identical layers, and on a model with recurrent state the
     attention-only and recurrent-only transplants both ways."""
-    return 2 * (1 + (len(sweep_subsets(n_layers)) if sweep else 0)) + 2 + 2 + (4 if recurrent else 0)
+    return 2 * (1 + (sweep_tries_max(n_layers) if sweep else 0)) + 2 + 2 + (4 if recurrent else 0)
 
 
 def total(parts: Iterable[Mapping[str, list[int]]]) -> dict[str, list[int]]:

@@ -160,17 +160,3 @@ class CellRecord:
 def _cont(v: dict[str, Any]) -> Continuation:
     return Continuation(**{**v, "suffix": tuple(v["suffix"]), "margins": tuple(v.get("margins", ()))})
 
-
-def sweep_subsets(n_layers: int) -> list[tuple[tuple[int, ...] | None, str]]:
-    """The layer sweep: each single layer, the first j and the last j layers, and K only / V only."""
-    out: list[tuple[tuple[int, ...] | None, str]] = [((i,), "kv") for i in range(n_layers)]
-    for j in range(1, n_layers):
-        out.append((tuple(range(j)), "kv"))
-        out.append((tuple(range(n_layers - j, n_layers)), "kv"))
-    out += [(None, "k"), (None, "v")]
-    seen, uniq = set(), []
-    for s in out:
-        if s not in seen:
-            seen.add(s)
-            uniq.append(s)
-    return uniq

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.decoder import continue_greedy
 from pytest_kvaudit.engine.pipeline import LIVE
-from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant, sweep_subsets
+from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant
+from pytest_kvaudit.engine.sweep import Subset
+from pytest_kvaudit.engine.sweep import sweep as sweep_
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.cells import CellBuilder
@@ -29,19 +31,23 @@ def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any
 
 def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                 sweep: bool) -> None:
-    """Donor following, both directions: all layers, and on the first divergent items the sweep's subsets;
+    """Donor following, both directions: all layers, and on the first divergent items the layer sweep (bisected,
+    see :mod:`.sweep`: each direction's next subset depends on its last outcome, so they run in order);
     then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
     cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
     transplant of only those layers. On a model with recurrent state, the attention K/V alone and the
     recurrent state alone are transplanted too (the layer sweep's ``all:attn`` and ``all:recurrent`` rows)."""
-    subsets: list[tuple[tuple[int, ...] | None, str]] = [(None, "kv")]
-    if sweep:
-        subsets += sweep_subsets(len(kv.layers_of(live_state)))
     states = {"live": live_state, "prefill": prefill_state}
     pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
-    for layers, parts in subsets:
+    whole = {donor: transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, "kv", last,
+                               budget).followed for donor, receiver in pairs}
+    if sweep:
+        n_layers = len(kv.layers_of(live_state))
         for donor, receiver in pairs:
-            transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, layers, parts, last, budget)
+            def one(subset: Subset, donor: str = donor, receiver: str = receiver) -> bool:
+                return transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, subset[0],
+                                  subset[1], last, budget).followed
+            sweep_(n_layers, whole[donor], one)
     for name in ("prefill", "live"):
         # the same object as receiver and donor: the transplant path itself is what the sham tests
         transplant(b, rec, SHAM, states[name], states[name], name, name, None, "kv", last, budget)
@@ -57,8 +63,9 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
                 transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, parts, last, budget)
 
 def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
-               layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> None:
-    """One transplant -> continue -> compare with the donor's and the receiver's own suffixes."""
+               layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> Transplant:
+    """One transplant -> continue -> compare with the donor's and the receiver's own suffixes (recorded, and
+    returned: the sweep's next subset depends on it)."""
     direction = f"{donor_name}_to_{receiver_name}"
     b.dec.path = f"transplant:{direction}" if kind == DONOR else (
         f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
@@ -66,5 +73,7 @@ def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor:
     margins: list[float] = []
     suffix, _ = continue_greedy(b.dec, state, last, budget, margins)
     target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
-    rec.transplants.append(Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
-                                      tuple(round(m, 6) for m in margins), b.decode(suffix)))
+    t = Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
+                   tuple(round(m, 6) for m in margins), b.decode(suffix))
+    rec.transplants.append(t)
+    return t
