@@ -74,7 +74,9 @@ class LossyCacheBudget(Claim):
         budget = ev.thresholds["budget"]
         kinds = [k for k in ev.config.cache_axes if is_lossy(k) or k == OFFLOADED]
         figures: dict[str, Any] = {"budget": budget, "kinds": {}}
-        parts, why, bad = [], [], []
+        parts: list[str] = []
+        why: list[str] = []
+        bad: list[str] = []
         n_all = k_all = 0
         for kind in kinds:
             for dtype in ev.dtypes:
