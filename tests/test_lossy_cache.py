@@ -80,6 +80,12 @@ def test_the_budget_rule_passes_fails_and_never_passes_on_nothing() -> None:
     nothing = judge([], (INT2,))
     assert nothing.status == "inconclusive" and nothing.n == 0
 
+    claim = get(CLAIM)  # what the table, the baseline and the HTML page read
+    assert claim.rates(res.figures) == {f"{INT2}/fp32": (4, 16)}
+    assert f"{INT2} fp32: labels 4/16, suffixes 16/16" in claim.key_figure(res)
+    html = claim.html(res.to_dict(), {}) or ""
+    assert "4/16 [" in html and "2 [2, 2]" in html
+
 
 def test_not_applicable_without_a_lossy_kind_and_offloading_said_meaningless_on_cpu() -> None:
     claim = get(CLAIM)

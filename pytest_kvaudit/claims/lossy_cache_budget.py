@@ -167,7 +167,7 @@ def lossy_rows(result: Mapping[str, Any]) -> list[list[str]]:
                 out.append([e(kind), e(dtype), "", "", "", "", e(f"{p['status']}: {p['reason']}")])
                 continue
             f, (c, n), iv = p["first_divergence"], p["label_changes"], p["label_change_interval"]
-            pos = f"{f['median']} [{f['q1']}, {f['q3']}]" if f["median"] is not None else "-"
+            pos = f"{f['median']:g} [{f['q1']:g}, {f['q3']:g}]" if f["median"] is not None else "-"
             band = f"{c}/{n} [{iv[0]:.3f}, {iv[1]:.3f}]" if n else "0/0"
             m = p["margin_at_divergence"]
             out.append([e(kind), e(dtype), f"{p['divergent_suffixes'][0]}/{p['divergent_suffixes'][1]}", pos, band,
