@@ -35,6 +35,16 @@ def test_cache_kinds_parse_and_refuse_in_one_line() -> None:
     assert lossy.offload_not_meaningful("cpu") and lossy.offload_not_meaningful("cuda:0") is None
 
 
+def test_an_offloaded_cache_clones_sharing_only_its_stream() -> None:
+    """The offloaded kind's transplants clone its cache (a CUDA path, so its clone is checked here on CPU)."""
+    from transformers import DynamicCache
+
+    from pytest_kvaudit.engine import state as kv
+
+    c = DynamicCache(offloading=True)
+    assert kv.clone(c).prefetch_stream is c.prefetch_stream
+
+
 def test_a_missing_extra_is_one_line_naming_it(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """optimum shadowed by an empty package, as on a machine without the extra: refused before any work."""
     shadow = pytester.mkdir("shadow")

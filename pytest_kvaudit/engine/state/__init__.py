@@ -260,8 +260,10 @@ def equal(a: Any, b: Any) -> bool:
 
 
 def clone(cache: Any) -> Any:
-    """A deep copy that shares no storage with ``cache``."""
-    return copy.deepcopy(cache)
+    """A deep copy that shares no storage with ``cache``. An offloaded cache's prefetch stream is shared, not
+    copied: it is a queue of work, not state, and a ``torch.Stream`` cannot be copied."""
+    stream = getattr(cache, "prefetch_stream", None)
+    return copy.deepcopy(cache, None if stream is None else {id(stream): stream})
 
 
 def transplant(receiver: Any, donor: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> Any:
