@@ -47,8 +47,12 @@ class Judge:
             th = claim.resolve(self.session.config, mk, self.session.thresholds.get(name, {}), kwargs)
         except KvauditError as exc:
             pytest.fail(str(exc), pytrace=False)
+        if (why := claim.applicable(self.store.cfg)) is not None:
+            pytest.skip(f"{name} not applicable: {why}")
         ev = claims.Evidence(list(self.store.records.values()), th, self.store.cfg, self.store, inputs)
         result = claim.judge(ev)
+        if claim.exact and (note := claims.lossy_note(self.store.cfg)):
+            result.reason += note
         if self.store.missing and result.status != claims.FAIL:
             # units the run planned and never got back (a dead worker, a lost shard): no verdict can stand
             lost = self.store.missing

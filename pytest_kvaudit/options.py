@@ -80,7 +80,8 @@ VALUE_OPTIONS: dict[str, str] = {
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",
-    CACHE: "cache layouts: dynamic,static also audits transformers' StaticCache as axis rows (default: dynamic)",
+    CACHE: ("cache kinds: dynamic,static also audits transformers' StaticCache as axis rows; offloaded (CUDA) and "
+            "lossy quantized:quanto-int4, quanto-int2, hqq-int4 or fp8 go to the lossy-cache claim (default: dynamic)"),
     SHARD: "I/N: compute only shard I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
     PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",
     MERGE: "folder of partials (searched recursively): judge their union, computing nothing",

@@ -23,7 +23,7 @@ LAYERS = {
     "report": {"report", "claims", "engine"},
 }
 BUILTIN_CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
-                  "donor_following")
+                  "donor_following", "lossy_cache_budget")
 
 
 def modules() -> dict[str, Path]:

@@ -20,6 +20,7 @@ from pytest_kvaudit.claims import (  # noqa: F401  (importing registers the buil
     donor_following,
     fixed_prefix_2x2,
     ledger_audit,
+    lossy_cache_budget,
     matched_construction,
     replica_exactness,
 )

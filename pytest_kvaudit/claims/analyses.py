@@ -98,7 +98,7 @@ def cache_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
     acc: dict[tuple[str, str, str], list[int]] = {}
     for r in records:
         for kind, o in r.probes.cache.items():
-            if not o.get("eligible"):
+            if not o.get("eligible") or o.get("lossy"):  # a lossy kind is judged against a budget, not for exactness
                 continue
             pre = o["prefill"]["suffix"]
             for name in ("prefill", "incremental"):

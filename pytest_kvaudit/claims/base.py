@@ -119,6 +119,14 @@ class Claim:
     #: computes more (the layer sweep, the probes); the union of the claims' needs is the least work, the
     #: denominator of the run's overhead figure.
     needs: ClassVar[tuple[str, ...]] = ()
+    #: an exactness claim: bit-identical or not. Such a claim never judges a lossy cache kind (a quantized
+    #: cache is lossy by design); its result says which kinds it left to their budget (:func:`lossy_note`)
+    exact: ClassVar[bool] = False
+
+    def applicable(self, config: AuditConfig) -> str | None:
+        """Why this claim has nothing to judge in a run of ``config`` (its test skips, saying so, before any
+        verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies."""
+        return None
 
     def recorded_run(self, config: AuditConfig) -> Path | None:
         """A file in which an earlier run of this model recorded its lengths (a ledger), for the plan to price
@@ -255,6 +263,15 @@ def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reaso
     status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
     why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
     return ClaimResult(name, status, n, k, wilson_interval(k, n) if n else NO_INTERVAL, reason or why, {}, bad)
+
+
+def lossy_note(config: AuditConfig) -> str:
+    """What an exactness claim says of the run's lossy cache kinds: skipped, lossy by design ("" if none)."""
+    from pytest_kvaudit.engine.state.lossy import is_lossy
+
+    kinds = [k for k in config.cache_axes if is_lossy(k)]
+    return (f" (lossy cache kinds {', '.join(kinds)} skipped: lossy by design, audited against the exact cache "
+            "within a label-change budget, never for exactness)") if kinds else ""
 
 
 def detail(rec: CellRecord, a_name: str, a: Any, b_name: str, b: Any, **extra: Any) -> dict[str, Any]:

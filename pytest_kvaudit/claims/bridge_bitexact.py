@@ -24,6 +24,7 @@ from pytest_kvaudit.claims.htmlkit import e, section, status, table
 @register
 class BridgeBitexact(Claim):
     name = "bridge_bitexact"
+    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
     needs = ("trajectory", "constructions")
     order = 40
     title = "Bridge: incremental vs live"

@@ -52,6 +52,7 @@ class FixedPrefix2x2(Claim):
     """
 
     name = "fixed_prefix_2x2"
+    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
     needs = ("trajectory", "constructions", "fixed")
     order = 30
     title = "Fixed-prefix 2x2"

@@ -28,6 +28,7 @@ def default_path(snapshots: str | None, model: str) -> Path:
 @register
 class LedgerAudit(Claim):
     name = "ledger_audit"
+    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
     needs = ("trajectory", "constructions", "fixed")
     order = 50
     title = "Ledger audit"

@@ -37,6 +37,7 @@ def _iv(iv: Any) -> str:
 @register
 class MatchedConstruction(Claim):
     name = "matched_construction"
+    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
     needs = ("trajectory", "constructions")
     order = 20
     title = "Matched experiment: live vs prefill of identical ids"

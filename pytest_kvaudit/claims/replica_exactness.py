@@ -29,6 +29,7 @@ from pytest_kvaudit.claims.base import (
 @register
 class ReplicaExactness(Claim):
     name = "replica_exactness"
+    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
     needs = ("trajectory", "constructions", "replicas")
     order = 10
     title = "Replicas: the same cell computed twice"

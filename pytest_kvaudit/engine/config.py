@@ -76,13 +76,19 @@ def parse_chunks(text: str | None) -> tuple[int, ...]:
 
 
 def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
-    """``--kvaudit-cache=dynamic,static`` -> the layouts beyond the dynamic one, which the claims always run on."""
-    from pytest_kvaudit.engine.state import CACHE_KINDS
+    """``--kvaudit-cache=dynamic,static,quantized:quanto-int4`` -> the kinds beyond the dynamic one, which the
+    claims always run on. A quantized kind is checked here, with its extra, so a missing package is one line
+    before anything loads."""
+    from pytest_kvaudit.engine.state import known_kind, lossy
 
     kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
-    bad = [k for k in kinds if k not in CACHE_KINDS]
+    bad = [k for k in kinds if not known_kind(k)]
     if bad or not kinds:
-        raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of {' and '.join(CACHE_KINDS)} (default: dynamic)")
+        raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of dynamic and static, also {lossy.OFFLOADED} "
+                           "and lossy quantized:quanto-int4, quantized:quanto-int2, quantized:hqq-int4, quantized:fp8 "
+                           "(default: dynamic)")
+    for k in kinds:
+        lossy.check_kind(k)
     return tuple(dict.fromkeys(k for k in kinds if k != "dynamic"))
 
 

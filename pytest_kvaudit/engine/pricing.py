@@ -33,6 +33,7 @@ from pytest_kvaudit.engine.pipeline import (
     replica_generated,
     step_named,
 )
+from pytest_kvaudit.engine.state.lossy import is_lossy
 from pytest_kvaudit.engine.sweep import sweep_tries_max
 
 if TYPE_CHECKING:
@@ -104,6 +105,9 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
         _trajectory(acc, f"axis:{attn}", x.prompt, x.gen)
         _construction(acc, f"axis:{attn}", "prefill", x.prompt, head, x.suffix)
     for kind in cfg.cache_axes:
+        if is_lossy(kind):  # a lossy kind: one prefill and its continuation (probes.lossy_axis)
+            _construction(acc, f"cache:{kind}", "prefill", x.prompt, head, x.suffix)
+            continue
         _trajectory(acc, f"cache:{kind}", x.prompt, x.gen)
         for name in ("prefill", "incremental"):
             _construction(acc, f"cache:{kind}", name, x.prompt, head, x.suffix)

@@ -14,7 +14,7 @@ from pytest_kvaudit.engine.backends import Backend
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
-from pytest_kvaudit.engine.items import Item
+from pytest_kvaudit.engine.items import Item, extract_answer
 from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
                                  "tokens": dec.cost.forward_tokens - t0}
 
 
+def cache_probe(store: Store, h: Backend, dtype: str, kind: str) -> None:
+    """The probe of one further cache kind: a lossy one against the exact cache, any other for exactness."""
+    (lossy_axis if kv.lossy.is_lossy(kind) else cache_axis)(store, h, dtype, kind)
+
+
 def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
     """The constructions on another cache layout (``static``: tensors preallocated to prompt + max_new_tokens
     positions, what ``torch.compile`` users run). On its own trajectory: is its prefill equal to its live
@@ -63,7 +68,11 @@ def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
     the live K/V (a transplant into the preallocated slice) hold exactly the live state and follow it; and is
     its live state the dynamic layout's, bit for bit, over the filled positions."""
     iset = store.item_set
+    why = kv.lossy.offload_not_meaningful(h.device) if kind == kv.lossy.OFFLOADED else None
     for item, rec in audited(store, dtype):
+        if why is not None:  # said per unit, so the report and the claim can say it
+            rec.probes.cache[kind] = {"eligible": False, "reason": why, "tokens": 0}
+            continue
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
         dec = Decoder(h, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
         t0 = dec.cost.forward_tokens
@@ -99,6 +108,36 @@ def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
                              "held": suffix == tuple(out["prefill"]["suffix"])}
         out["tokens"] = dec.cost.forward_tokens - t0
         rec.probes.cache[kind] = out
+
+
+def lossy_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
+    """A lossy cache (``quantized:...``) against the exact one on the same ids: the prefix built in one shot
+    on the lossy cache, continued, and set against the exact prefill construction's continuation (the same
+    schedule on the dynamic cache), so that the cache is the only difference. Records where the suffixes part,
+    the top-2 margins there and the label."""
+    iset = store.item_set
+    dec = Decoder(h, h.eos_ids, store.cost, store.faults, kind)
+    for _, rec in audited(store, dtype):
+        exact = rec.constructions.get("prefill")
+        if exact is None or rec.boundary is None:
+            continue
+        t0 = dec.cost.forward_tokens
+        head, last = list(rec.prefix[:-1]), rec.prefix[-1]
+        dec.path = f"cache:{kind}:prefill"
+        margins: list[float] = []
+        suffix, _ = continue_greedy(dec, dec.build_state(head, [len(head)]), last,
+                                    iset.max_new_tokens - rec.boundary, margins)
+        gen_head = list(rec.generated[: rec.boundary])
+        ans = extract_answer(h.tokenizer.decode(gen_head + list(suffix), skip_special_tokens=False), iset.answer_regex)
+        j = next((i for i, (x, y) in enumerate(zip(exact.suffix, suffix)) if x != y),
+                 None if len(exact.suffix) == len(suffix) else min(len(exact.suffix), len(suffix)))
+        rec.probes.cache[kind] = {
+            "eligible": True, "lossy": True, "suffix": list(suffix), "suffix_equal": suffix == exact.suffix,
+            "position": j, "answer": ans, "label": ans is not None and ans == rec.answer, "exact_label": exact.label,
+            "exact_extracted": exact.answer is not None,
+            "margin_exact": exact.margins[j] if j is not None and j < len(exact.margins) else None,
+            "margin_lossy": round(margins[j], 6) if j is not None and j < len(margins) else None,
+            "tokens": dec.cost.forward_tokens - t0}
 
 
 def batch_invariance(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:

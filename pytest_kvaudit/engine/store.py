@@ -131,7 +131,7 @@ class Store:
                     progress(tally)
             probes.batch_invariance(self, dec, h, dtype)
             for kind in self.cfg.cache_axes:  # before the attention axes, which load other models
-                probes.cache_axis(self, h, dtype, kind)
+                probes.cache_probe(self, h, dtype, kind)
             # one model resident at a time: these hold the model, and the next handle() can free only what
             # nothing else references (else two are in memory while the next one loads)
             if builder.layer_kinds and "layer_kinds" not in self.identity:  # the report names each layer's kind

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
+from pytest_kvaudit.engine.state import lossy
 from pytest_kvaudit.engine.state.protocol import LayerKind, Part
 from pytest_kvaudit.engine.state.registry import adapter, register_layer_kind
 from pytest_kvaudit.engine.state.tensors import (
@@ -31,7 +32,7 @@ from pytest_kvaudit.engine.state.tensors import (
 )
 
 __all__ = ["CACHE_KINDS", "LINEAR_LAYER", "LayerComparison", "LayerKind", "Part", "PartDiff", "cache_kwarg", "check_supported",
-           "clone", "compare", "digest", "equal", "fingerprint", "fingerprint_ids", "fingerprint_tensors", "kinds",
+           "clone", "compare", "digest", "equal", "fingerprint", "fingerprint_ids", "fingerprint_tensors", "kinds", "known_kind", "lossy",
            "layer_kv", "layers_of", "new_cache", "recurrent", "register_layer_kind", "row_state", "tensor_bytes", "transplant"]
 
 _CACHE_KWARG: dict[type, str] = {}
@@ -68,13 +69,22 @@ def _static(model: Any, max_cache_len: int | None) -> Any:
         return StaticCache(config=model.config, max_batch_size=1, max_cache_len=max_cache_len)
 
 
-#: the cache layouts kvaudit audits -> how to make a fresh one: ``dynamic`` (grows per token) and ``static``
-#: (preallocated to a maximum length, what users pair with ``torch.compile``)
-CACHE_KINDS = {"dynamic": _dynamic, "static": _static}
+#: the cache layouts kvaudit audits -> how to make a fresh one: ``dynamic`` (grows per token), ``static``
+#: (preallocated to a maximum length, what users pair with ``torch.compile``), ``offloaded`` (a dynamic cache
+#: parked on the CPU between forwards, CUDA only) and ``quantized:BACKEND-intN`` (lossy: :mod:`.lossy`)
+CACHE_KINDS = {"dynamic": _dynamic, "static": _static, lossy.OFFLOADED: lambda model, _: lossy.offloaded(model),
+               lossy.QUANTIZED: None}
+
+
+def known_kind(kind: str) -> bool:
+    """Whether ``kind`` names a cache kind (a ``quantized:`` one is checked further by :func:`.lossy.parse_lossy`)."""
+    return kind in CACHE_KINDS and kind != lossy.QUANTIZED or lossy.is_lossy(kind)
 
 
 def new_cache(model: Any, kind: str = "dynamic", max_cache_len: int | None = None) -> Any:
     """A fresh cache of ``kind``; a static one is preallocated to ``max_cache_len`` positions."""
+    if lossy.is_lossy(kind):
+        return lossy.quantized(model, kind)
     make = CACHE_KINDS.get(kind)
     if make is None:
         raise UnsupportedCacheError(f"unknown cache kind {kind!r}: use {' or '.join(CACHE_KINDS)}")
@@ -250,8 +260,10 @@ def equal(a: Any, b: Any) -> bool:
 
 
 def clone(cache: Any) -> Any:
-    """A deep copy that shares no storage with ``cache``."""
-    return copy.deepcopy(cache)
+    """A deep copy that shares no storage with ``cache``. An offloaded cache's prefetch stream is shared, not
+    copied: it is a queue of work, not state, and a ``torch.Stream`` cannot be copied."""
+    stream = getattr(cache, "prefetch_stream", None)
+    return copy.deepcopy(cache, None if stream is None else {id(stream): stream})
 
 
 def transplant(receiver: Any, donor: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> Any:

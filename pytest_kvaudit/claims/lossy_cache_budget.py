@@ -1,0 +1,175 @@
+"""Lossy caches stay within a label-change budget; an offloaded cache is the resident one, bit for bit.
+
+A quantized K/V cache is lossy by design, so asking it to be exact says nothing: the question a deployment
+has is whether it changes answers. Each lossy kind (``--kvaudit-cache=quantized:...``) is audited against the
+exact dynamic cache on the same prefix ids and the same one-shot schedule, so the cache is the only
+difference (:func:`pytest_kvaudit.engine.probes.lossy_axis`). Per kind and precision it reports divergent
+suffixes, where they part (median, quartiles and every position), the exact cache's top-2 margin there
+(how near a tie the choice was) and label changes with a Wilson bound. It passes when that bound is within
+the budget, fails when the observed rate is above it, and is inconclusive in between or with no units.
+The offloaded kind moves K/V, it does not round them: it must equal the resident cache bit for bit, and is
+no audit at all off CUDA, which the result says.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_kvaudit.claims.base import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Claim,
+    ClaimResult,
+    Evidence,
+    Threshold,
+    combine,
+    names,
+    register,
+)
+from pytest_kvaudit.claims.htmlkit import e, section, status, table
+from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.engine.config import AuditConfig
+from pytest_kvaudit.engine.state.lossy import OFFLOADED, is_lossy
+
+NOT_MEANINGFUL = "n/a"
+
+
+def spread(positions: list[int]) -> dict[str, Any]:
+    """Median, quartiles and the sorted list of first divergent positions (None where there are none)."""
+    p = sorted(positions)
+    if not p:
+        return {"median": None, "q1": None, "q3": None, "positions": []}
+    q1, _, q3 = statistics.quantiles(p, n=4, method="inclusive") if len(p) > 1 else (p[0], p[0], p[0])
+    return {"median": statistics.median(p), "q1": q1, "q3": q3, "positions": p}
+
+
+def mean(xs: list[float]) -> float | None:
+    return round(statistics.fmean(xs), 6) if xs else None
+
+
+@register
+class LossyCacheBudget(Claim):
+    name = "lossy_cache_budget"
+    needs = ("trajectory", "constructions")
+    order = 70
+    title = "Lossy caches: label changes within a budget"
+    thresholds = {"budget": Threshold(0.10, "largest label-change rate a lossy cache may cause (95% Wilson upper "
+                                            "bound of changed labels against the exact cache)", "rate")}
+    evidence = ("eligible units with an extracted exact-cache answer, enough for the Wilson upper bound to clear "
+                "the budget (35 at 0 changes for 0.10), per lossy kind and precision")
+
+    def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
+        return {"units": least_units_for_upper(thresholds["budget"])}
+
+    def applicable(self, config: AuditConfig) -> str | None:
+        if any(is_lossy(k) or k == OFFLOADED for k in config.cache_axes):
+            return None
+        return ("no lossy or offloaded cache kind was asked for: add e.g. "
+                "--kvaudit-cache=dynamic,quantized:quanto-int4 (or offloaded)")
+
+    def judge(self, ev: Evidence) -> ClaimResult:
+        budget = ev.thresholds["budget"]
+        kinds = [k for k in ev.config.cache_axes if is_lossy(k) or k == OFFLOADED]
+        figures: dict[str, Any] = {"budget": budget, "kinds": {}}
+        parts: list[str] = []
+        why: list[str] = []
+        bad: list[str] = []
+        n_all = k_all = 0
+        for kind in kinds:
+            for dtype in ev.dtypes:
+                probes = [(r, r.probes.cache[kind]) for r in ev.eligible() if r.dtype == dtype and kind in r.probes.cache]
+                part = (self._lossy if is_lossy(kind) else self._offloaded)(kind, dtype, probes, budget, bad)
+                figures["kinds"].setdefault(kind, {})[dtype] = part
+                why.append(f"{kind} {dtype}: {part['reason']}")
+                if part["status"] != NOT_MEANINGFUL:
+                    parts.append(part["status"])
+                    n_all, k_all = n_all + part["n"], k_all + part["k"]
+        verdict = combine(parts)
+        reason = "; ".join(why) if why else "no lossy cache kind in this run"
+        return self.result(verdict, n_all, k_all, reason, figures, bad[:64])
+
+    def _lossy(self, kind: str, dtype: str, probes: list[tuple[Any, dict[str, Any]]], budget: float,
+               bad: list[str]) -> dict[str, Any]:
+        """One lossy kind at one precision: the table's row and its verdict."""
+        units = [(r, o) for r, o in probes if o.get("eligible") and o.get("exact_extracted")]
+        moved = [o for _, o in probes if o.get("eligible") and not o["suffix_equal"]]
+        changed = [r.item_id for r, o in units if o["label"] != o["exact_label"]]
+        bad += [f"{i}@{dtype} ({kind}: label changed)" for i in changed]
+        n, c = len(units), len(changed)
+        low, high = wilson_interval(c, n) if n else (None, None)
+        if n == 0:
+            st, reason = INCONCLUSIVE, "no eligible unit with an extracted answer"
+        elif high is not None and high <= budget:
+            st, reason = PASS, f"label changes {c}/{n}, Wilson upper {high:.3f} <= budget {budget:g}"
+        elif c / n > budget:
+            st, reason = FAIL, f"label changes {c}/{n} = {c / n:.3f} > budget {budget:g} ({names(changed, 4)})"
+        else:
+            need = least_units_for_upper(budget, c)
+            st, reason = INCONCLUSIVE, (f"label changes {c}/{n}, Wilson upper {high:.3f} > budget {budget:g}: "
+                                        f"needs {need if need else 'more'} units at {c} changes")
+        eligible = [o for _, o in probes if o.get("eligible")]
+        return {"status": st, "reason": reason, "n": n, "k": n - c, "lossy": True,
+                "divergent_suffixes": [len(moved), len(eligible)],
+                "first_divergence": spread([o["position"] for o in moved if o["position"] is not None]),
+                "label_changes": [c, n], "label_change_interval": [low, high],
+                "margin_at_divergence": mean([o["margin_exact"] for o in moved if o.get("margin_exact") is not None]),
+                "margin_at_divergence_lossy": mean([o["margin_lossy"] for o in moved
+                                                    if o.get("margin_lossy") is not None])}
+
+    def _offloaded(self, kind: str, dtype: str, probes: list[tuple[Any, dict[str, Any]]], budget: float,
+                   bad: list[str]) -> dict[str, Any]:
+        """The offloaded kind at one precision: bit-exact with the resident cache, or no audit off CUDA."""
+        units = [(r, o) for r, o in probes if o.get("eligible")]
+        if not units:
+            reasons = sorted({o.get("reason", "") for _, o in probes}) or ["no eligible unit"]
+            return {"status": NOT_MEANINGFUL, "reason": reasons[0], "n": 0, "k": 0, "lossy": False}
+        off = [f"{r.item_id}@{dtype} ({kind}: not bit-exact with the resident cache)" for r, o in units
+               if not (o["state_equals_dynamic"] and o["suffix_equals_dynamic"])]
+        bad += off
+        n, k = len(units), len(units) - len(off)
+        st = FAIL if off else PASS
+        return {"status": st, "n": n, "k": k, "lossy": False,
+                "reason": f"differs from the resident cache on {len(off)}/{n}" if off else f"bit-exact on {k}/{n}"}
+
+    def key_figure(self, result: ClaimResult) -> str:
+        rows = []
+        for kind, per in result.figures.get("kinds", {}).items():
+            for dtype, p in per.items():
+                if p.get("lossy"):
+                    rows.append(f"{kind} {dtype}: labels {p['label_changes'][0]}/{p['label_changes'][1]}, "
+                                f"suffixes {p['divergent_suffixes'][0]}/{p['divergent_suffixes'][1]}")
+                else:
+                    rows.append(f"{kind} {dtype}: {p['reason']}")
+        return "; ".join(rows) or result.reason
+
+    def statistic(self, result: ClaimResult) -> str:
+        return "Wilson 95% CI of unchanged labels k/n"
+
+    def rates(self, figures: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        return {f"{kind}/{dtype}": tuple(p["label_changes"]) for kind, per in figures.get("kinds", {}).items()
+                for dtype, p in per.items() if p.get("lossy")}
+
+    def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
+        return section(self.name, self.title, table(
+            ["cache", "precision", "divergent suffixes", "first divergent position (median [q1, q3])",
+             "label changes (Wilson 95%)", "mean top-2 margin there", "verdict"], lossy_rows(result)))
+
+
+def lossy_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    """The lossy-cache table's rows (kind, precision, suffixes, position, labels, margin, verdict)."""
+    out = []
+    for kind, per in result.get("figures", {}).get("kinds", {}).items():
+        for dtype, p in per.items():
+            if not p.get("lossy"):
+                out.append([e(kind), e(dtype), "", "", "", "", e(f"{p['status']}: {p['reason']}")])
+                continue
+            f, (c, n), iv = p["first_divergence"], p["label_changes"], p["label_change_interval"]
+            pos = f"{f['median']:g} [{f['q1']:g}, {f['q3']:g}]" if f["median"] is not None else "-"
+            band = f"{c}/{n} [{iv[0]:.3f}, {iv[1]:.3f}]" if n else "0/0"
+            m = p["margin_at_divergence"]
+            out.append([e(kind), e(dtype), f"{p['divergent_suffixes'][0]}/{p['divergent_suffixes'][1]}", pos, band,
+                        "-" if m is None else f"{m:.4f}", status(p["status"])])
+    return out
