@@ -132,8 +132,7 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
         row = np.full((1, n), np.nan)
         for s_ in singles:
             row[0, s_["layer"]] = s_["followed"] / max(1, s_["n"])
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("#dddddd")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
         strip.imshow(row, vmin=0, vmax=1, cmap=cmap, aspect="auto", extent=(-0.5, n - 0.5, 0, 1))
         if n <= 16:  # room for the numbers; beyond, the colour bar reads them
             for s_ in singles:
