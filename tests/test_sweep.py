@@ -147,3 +147,32 @@ def test_the_html_lists_the_sweep_in_numeric_order_and_draws_its_curves_at_80_la
     report = {"analyses": {"anatomy": {}, "layer_sweep": sweep}}
     assert "fig-layer-sweep" in [fid for fid, _, _ in figures.figures(report)]
     assert "fig-layer-sweep" not in [fid for fid, _, _ in figures.figures({"analyses": {"layer_sweep": layer_sweep([])}})]
+
+
+class Scripted:
+    """A decoder that emits ``script`` one token a step and counts its forwards."""
+
+    eos_ids = frozenset({0})
+
+    def __init__(self, script: tuple[int, ...]) -> None:
+        self.script, self.calls = script, 0
+
+    def step(self, ids: list[int], state: object) -> object:
+        import torch
+
+        logits = torch.zeros(8)
+        logits[self.script[self.calls]] = 1.0
+        self.calls += 1
+        return logits
+
+
+@pytest.mark.parametrize(("follow", "calls"), [((3, 4, 5, 6), 5), ((3, 4, 7, 6, 5, 4), 3), ((3, 4, 5, 6, 7, 1), 6), (None, 6)])
+def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(follow: tuple[int, ...] | None, calls: int) -> None:
+    from pytest_kvaudit.engine.decoder import continue_greedy
+
+    dec = Scripted((3, 4, 5, 6, 7, 1, 2))
+    suffix, _ = continue_greedy(dec, None, 9, 6, [], follow)  # type: ignore[arg-type]
+    assert dec.calls == len(suffix) == calls  # one forward a suffix token, none after the outcome is decided
+    full = (3, 4, 5, 6, 7, 1)
+    assert (suffix == follow) == (full == follow)  # the stop never changes whether the receiver follows
+    assert suffix == full[:calls]
