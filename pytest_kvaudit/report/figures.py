@@ -58,11 +58,13 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 _drift(plt, an.get("drift", {}))))
     sweep = a.get("layer_sweep", {})
     if sweep.get("units") and sweep.get("curves") and sweep.get("n_layers"):
+        uri, strip = _sweep(plt, sweep)
         out.append(("fig-layer-sweep", "Layer sweep: share of (unit, direction) pairs whose receiver follows its "
                     "donor when the first (bottom) or last (top) j layers' K/V are transplanted. Filled markers: j "
                     "values transplanted on at least one pair; the rest of each line is inferred from monotonicity "
-                    "(a pair that followed with fewer layers follows). The strip below: single layers, where tried "
-                    "(grey: not tried).", _sweep(plt, sweep)))
+                    "(a pair that followed with fewer layers follows, one that did not with more does not)."
+                    + (" The strip below: single layers transplanted alone, where tried (grey: not tried)."
+                       if strip else ""), uri))
     return out
 
 
@@ -103,8 +105,12 @@ def _drift(plt: Any, drift: Mapping[str, list[dict[str, Any]]]) -> str:
     return png(fig)
 
 
-def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
+def _sweep(plt: Any, sw: Mapping[str, Any]) -> tuple[str, bool]:
+    """The curves (and the single-layer strip, when it shows more than the curves' j = 1): the PNG, and
+    whether the strip is in it."""
     curves, singles, n = sw["curves"], sw.get("singles", []), int(sw.get("n_layers") or 0)
+    if all(s_["layer"] in (0, n - 1) for s_ in singles):
+        singles = []  # only the searches' j = 1 points, which the curves already show: no strip of grey
     if singles:
         fig, (ax, strip) = plt.subplots(2, 1, figsize=(7, 4.3), gridspec_kw={"height_ratios": [5, 1], "hspace": 0.55})
     else:
@@ -121,8 +127,8 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
                 transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#444")
     ax.set_ylim(-0.04, 1.04)
     ax.set_ylabel("receivers following donor")
-    ax.set_title(f"Layer sweep on {len(sw.get('units', []))} units ({n} layers)")
-    ax.legend(fontsize=8, loc="center right", frameon=False)
+    ax.set_title(f"Layer sweep: {len(sw.get('units', []))} units, both directions pooled ({n} layers)")
+    ax.legend(fontsize=8, loc="upper left", frameon=False)  # the curves rise to the right: that corner is free
     ax.grid(alpha=0.3)
     _layer_axis(ax, n, 1)
     ax.set_xlabel("j: layers transplanted, the first j (bottom) or the last j (top)")
@@ -143,7 +149,7 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
         strip.set_yticks([])
         _layer_axis(strip, n, 0)
         strip.set_xlabel("single layer transplanted alone (grey: not tried)")
-    return png(fig)
+    return png(fig), bool(singles)
 
 
 def sections(report: Mapping[str, Any]) -> list[str]:
