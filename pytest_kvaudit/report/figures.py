@@ -207,7 +207,10 @@ def _sweep_section(sw: Mapping[str, Any]) -> str:
         head += (f". Bottom layers every pair follows with: {j(sw['sufficient_bottom'])}; top layers: "
                  f"{j(sw['sufficient_top'])} (of {sw.get('n_layers')}; the pair that needs the most, observed, the "
                  "others by monotonicity)")
-    out = head + ".</p>" + table(["layers: parts", "live→prefill", "prefill→live", "follow rate"], rows, "sweep")
+    listed = table(["layers: parts", "live→prefill", "prefill→live", "follow rate"], rows, "sweep")
+    if len(rows) > 20:  # a 30-80 layer model's searches try dozens of sets, each on some pairs: folded, not gone
+        listed = f"<details><summary>All {len(rows)} transplanted subsets</summary>{listed}</details>"
+    out = head + ".</p>" + listed
     mins = sw.get("minimal", [])
     if mins:
         out += ("<p>Per unit and direction, the smallest bottom j and top j whose K/V make the receiver follow "
