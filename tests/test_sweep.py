@@ -4,6 +4,7 @@ below the old ~90 subsets on 30 layers, and the analysis reads its points in num
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -132,3 +133,46 @@ def test_singles_come_in_layer_order() -> None:
     assert [s["layer"] for s in out["singles"]] == list(range(8))
     assert out["singles"][7]["followed"] == 2 and out["singles"][0]["followed"] == 0
     assert out["minimal_sufficient"] == {"subset": "7:kv", "layers": [7]}
+
+
+def test_the_html_lists_the_sweep_in_numeric_order_and_draws_its_curves_at_80_layers() -> None:
+    from pytest_kvaudit.report import figures
+
+    sweep = layer_sweep([record("a", 80, 9, 70), record("b", 80, 33, 2)])
+    html = figures._sweep_section(sweep)
+    shown = [int(m) for m in re.findall(r"<td>0\u2013\d+ \((\d+) layers\): kv</td>", html)]
+    assert len(shown) >= 5 and shown == sorted(shown)  # by size: "0-9 (10 layers)" never before "0-1 (2 layers)"
+    assert "<td>a@bf16</td><td>live to prefill</td><td>9</td><td>70</td>" in html
+    pytest.importorskip("matplotlib")
+    report = {"analyses": {"anatomy": {}, "layer_sweep": sweep}}
+    assert "fig-layer-sweep" in [fid for fid, _, _ in figures.figures(report)]
+    assert "fig-layer-sweep" not in [fid for fid, _, _ in figures.figures({"analyses": {"layer_sweep": layer_sweep([])}})]
+
+
+class Scripted:
+    """A decoder that emits ``script`` one token a step and counts its forwards."""
+
+    eos_ids = frozenset({0})
+
+    def __init__(self, script: tuple[int, ...]) -> None:
+        self.script, self.calls = script, 0
+
+    def step(self, ids: list[int], state: object) -> object:
+        import torch
+
+        logits = torch.zeros(8)
+        logits[self.script[self.calls]] = 1.0
+        self.calls += 1
+        return logits
+
+
+@pytest.mark.parametrize(("follow", "calls"), [((3, 4, 5, 6), 5), ((3, 4, 7, 6, 5, 4), 3), ((3, 4, 5, 6, 7, 1), 6), (None, 6)])
+def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(follow: tuple[int, ...] | None, calls: int) -> None:
+    from pytest_kvaudit.engine.decoder import continue_greedy
+
+    dec = Scripted((3, 4, 5, 6, 7, 1, 2))
+    suffix, _ = continue_greedy(dec, None, 9, 6, [], follow)  # type: ignore[arg-type]
+    assert dec.calls == len(suffix) == calls  # one forward a suffix token, none after the outcome is decided
+    full = (3, 4, 5, 6, 7, 1)
+    assert (suffix == follow) == (full == follow)  # the stop never changes whether the receiver follows
+    assert suffix == full[:calls]

@@ -163,11 +163,12 @@ class _LogitsDigest:
 
 
 def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
-                    margins: list[float] | None = None) -> tuple[tuple[int, ...], str]:
+                    margins: list[float] | None = None, follow: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], str]:
     """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS.
 
     Returns the suffix and the digest of every logits vector on the way; ``margins`` (when given)
-    receives each step's top-2 margin.
+    receives each step's top-2 margin. With ``follow``, decoding also stops at the first token that departs
+    from it: whether the suffix equals ``follow`` is decided there (the layer sweep asks only that).
     """
     digest = _LogitsDigest()
     suffix: list[int] = []
@@ -181,7 +182,7 @@ def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
             tok, m = _pick(logits)
             margins.append(m)
         suffix.append(tok)
-        if tok in dec.eos_ids:
+        if tok in dec.eos_ids or (follow is not None and follow[len(suffix) - 1:len(suffix)] != (tok,)):
             break
     return tuple(suffix), digest.hexdigest()
 

@@ -39,6 +39,9 @@ class Transplant:
     held: bool = False
     margins: tuple[float, ...] = ()
     text: str = ""
+    #: decoding stopped at the first token that departed from the donor's suffix (a sweep point: only whether
+    #: it follows is asked, and that was decided there); ``suffix`` and ``text`` end at that token
+    stopped: bool = False
 
     @property
     def whole(self) -> bool:

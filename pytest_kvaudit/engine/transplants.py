@@ -46,7 +46,7 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
         for donor, receiver in pairs:
             def one(subset: Subset, donor: str = donor, receiver: str = receiver) -> bool:
                 return transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, subset[0],
-                                  subset[1], last, budget).followed
+                                  subset[1], last, budget, decide_only=True).followed
             sweep_(n_layers, whole[donor], one)
     for name in ("prefill", "live"):
         # the same object as receiver and donor: the transplant path itself is what the sham tests
@@ -63,17 +63,19 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
                 transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, parts, last, budget)
 
 def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
-               layers: tuple[int, ...] | None, parts: str, last: int, budget: int) -> Transplant:
+               layers: tuple[int, ...] | None, parts: str, last: int, budget: int, decide_only: bool = False) -> Transplant:
     """One transplant -> continue -> compare with the donor's and the receiver's own suffixes (recorded, and
-    returned: the sweep's next subset depends on it)."""
+    returned: the sweep's next subset depends on it). ``decide_only`` (the sweep's points): stop decoding at the
+    first token that departs from the donor's suffix, where "not followed" is decided; a receiver that follows
+    decodes its whole suffix, as every other transplant does."""
     direction = f"{donor_name}_to_{receiver_name}"
     b.dec.path = f"transplant:{direction}" if kind == DONOR else (
         f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
     state = b.transplant_fn(receiver, donor, layers, parts)
     margins: list[float] = []
-    suffix, _ = continue_greedy(b.dec, state, last, budget, margins)
     target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
+    suffix, _ = continue_greedy(b.dec, state, last, budget, margins, target if decide_only else None)
     t = Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
-                   tuple(round(m, 6) for m in margins), b.decode(suffix))
+                   tuple(round(m, 6) for m in margins), b.decode(suffix), decide_only and suffix != target)
     rec.transplants.append(t)
     return t

@@ -58,11 +58,13 @@ def figures(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 _drift(plt, an.get("drift", {}))))
     sweep = a.get("layer_sweep", {})
     if sweep.get("units") and sweep.get("curves") and sweep.get("n_layers"):
+        uri, strip = _sweep(plt, sweep)
         out.append(("fig-layer-sweep", "Layer sweep: share of (unit, direction) pairs whose receiver follows its "
                     "donor when the first (bottom) or last (top) j layers' K/V are transplanted. Filled markers: j "
                     "values transplanted on at least one pair; the rest of each line is inferred from monotonicity "
-                    "(a pair that followed with fewer layers follows). The strip below: single layers, where tried "
-                    "(grey: not tried).", _sweep(plt, sweep)))
+                    "(a pair that followed with fewer layers follows, one that did not with more does not)."
+                    + (" The strip below: single layers transplanted alone, where tried (grey: not tried)."
+                       if strip else ""), uri))
     return out
 
 
@@ -103,8 +105,12 @@ def _drift(plt: Any, drift: Mapping[str, list[dict[str, Any]]]) -> str:
     return png(fig)
 
 
-def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
+def _sweep(plt: Any, sw: Mapping[str, Any]) -> tuple[str, bool]:
+    """The curves (and the single-layer strip, when it shows more than the curves' j = 1): the PNG, and
+    whether the strip is in it."""
     curves, singles, n = sw["curves"], sw.get("singles", []), int(sw.get("n_layers") or 0)
+    if all(s_["layer"] in (0, n - 1) for s_ in singles):
+        singles = []  # only the searches' j = 1 points, which the curves already show: no strip of grey
     if singles:
         fig, (ax, strip) = plt.subplots(2, 1, figsize=(7, 4.3), gridspec_kw={"height_ratios": [5, 1], "hspace": 0.55})
     else:
@@ -121,8 +127,8 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
                 transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#444")
     ax.set_ylim(-0.04, 1.04)
     ax.set_ylabel("receivers following donor")
-    ax.set_title(f"Layer sweep on {len(sw.get('units', []))} units ({n} layers)")
-    ax.legend(fontsize=8, loc="center right", frameon=False)
+    ax.set_title(f"Layer sweep: {len(sw.get('units', []))} units, both directions pooled ({n} layers)")
+    ax.legend(fontsize=8, loc="upper left", frameon=False)  # the curves rise to the right: that corner is free
     ax.grid(alpha=0.3)
     _layer_axis(ax, n, 1)
     ax.set_xlabel("j: layers transplanted, the first j (bottom) or the last j (top)")
@@ -132,8 +138,7 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
         row = np.full((1, n), np.nan)
         for s_ in singles:
             row[0, s_["layer"]] = s_["followed"] / max(1, s_["n"])
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("#dddddd")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
         strip.imshow(row, vmin=0, vmax=1, cmap=cmap, aspect="auto", extent=(-0.5, n - 0.5, 0, 1))
         if n <= 16:  # room for the numbers; beyond, the colour bar reads them
             for s_ in singles:
@@ -144,7 +149,7 @@ def _sweep(plt: Any, sw: Mapping[str, Any]) -> str:
         strip.set_yticks([])
         _layer_axis(strip, n, 0)
         strip.set_xlabel("single layer transplanted alone (grey: not tried)")
-    return png(fig)
+    return png(fig), bool(singles)
 
 
 def sections(report: Mapping[str, Any]) -> list[str]:
@@ -202,7 +207,10 @@ def _sweep_section(sw: Mapping[str, Any]) -> str:
         head += (f". Bottom layers every pair follows with: {j(sw['sufficient_bottom'])}; top layers: "
                  f"{j(sw['sufficient_top'])} (of {sw.get('n_layers')}; the pair that needs the most, observed, the "
                  "others by monotonicity)")
-    out = head + ".</p>" + table(["layers: parts", "live→prefill", "prefill→live", "follow rate"], rows, "sweep")
+    listed = table(["layers: parts", "live→prefill", "prefill→live", "follow rate"], rows, "sweep")
+    if len(rows) > 20:  # a 30-80 layer model's searches try dozens of sets, each on some pairs: folded, not gone
+        listed = f"<details><summary>All {len(rows)} transplanted subsets</summary>{listed}</details>"
+    out = head + ".</p>" + listed
     mins = sw.get("minimal", [])
     if mins:
         out += ("<p>Per unit and direction, the smallest bottom j and top j whose K/V make the receiver follow "
