@@ -23,9 +23,11 @@ WARM, RESTORE = "warm", "restore"
 
 @register_schedule(WARM, every_cell=False)
 def warm(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
-    """The prompt (the first request), then the rest of ``prefix[:-1]`` (the second, on the warm cache)."""
-    p = min(prompt_len, length)
-    return [p] + ([length - p] if length > p else [])
+    """The prompt (the first request), then the rest of ``prefix[:-1]`` (the second, on the warm cache). The
+    first request stops one token short of ``prefix[:-1]`` so that the second always evaluates something (a
+    request whose ids are all cached re-evaluates its last one, which no schedule over the ids can price)."""
+    p = min(prompt_len, length - 1)
+    return [p, length - p] if p >= 1 else [length]
 
 
 @register_schedule(RESTORE, every_cell=False, forwards=False)

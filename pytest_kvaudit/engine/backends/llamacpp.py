@@ -55,9 +55,15 @@ class LlamaCppState(WholeState):
     backend = NAME
 
     def __init__(self, owner: LlamaCppBackend, ctx: Any, n_past: int = 0, lease: int | None = None) -> None:
-        self.owner, self.ctx, self.n_past = owner, ctx, n_past
-        #: the warm construction lends the engine's own context: a later request takes it back (lease moves on)
-        self.lease = lease
+        #: ``ctx`` is a raw ``llama_context*``: owned and freed with this state, except the warm one's, which is
+        #: the engine's own context lent to it until a later request takes it back (the lease moves on)
+        self.owner, self.ctx, self.n_past, self.lease = owner, ctx, n_past, lease
+
+    def __del__(self) -> None:
+        # freed here, not left to llama-cpp-python's model, which would keep every context to the end of the run
+        if self.lease is None and self.ctx is not None:
+            self.owner.lc.llama_free(self.ctx)
+            self.ctx = None
 
     def check(self) -> None:
         if self.lease is not None and self.lease != self.owner.lease:
@@ -66,25 +72,25 @@ class LlamaCppState(WholeState):
     def state_bytes(self) -> bytes:
         self.check()
         lc = self.owner.lc
-        size = lc.llama_state_seq_get_size(self.ctx.ctx, 0)
+        size = lc.llama_state_seq_get_size(self.ctx, 0)
         buf = (ctypes.c_uint8 * size)()
-        n = lc.llama_state_seq_get_data(self.ctx.ctx, buf, size, 0)
+        n = lc.llama_state_seq_get_data(self.ctx, buf, size, 0)
         return bytes(buf)[:n]
 
     def _full(self) -> bytes:
         """The whole context's state, what ``Llama.save_state`` keeps (memory, and outputs when any)."""
         self.check()
         lc = self.owner.lc
-        size = lc.llama_state_get_size(self.ctx.ctx)
+        size = lc.llama_state_get_size(self.ctx)
         buf = (ctypes.c_uint8 * size)()
-        n = lc.llama_state_get_data(self.ctx.ctx, buf, size)
+        n = lc.llama_state_get_data(self.ctx, buf, size)
         return bytes(buf)[:n]
 
     def load(self, donor: WholeState) -> None:
         assert isinstance(donor, LlamaCppState)
         blob = donor._full()
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if self.owner.lc.llama_state_set_data(self.ctx.ctx, buf, len(blob)) != len(blob):
+        if self.owner.lc.llama_state_set_data(self.ctx, buf, len(blob)) != len(blob):
             raise UnsupportedCacheError(f"{NAME}: llama_state_set_data did not take the donor's {len(blob)} bytes")
         self.n_past = donor.n_past
 
@@ -127,7 +133,7 @@ class LlamaCppBackend:
                                                                 if self.llm._model.token_eot() >= 0 else set()))
         self.max_positions: int | None = N_CTX
         self._batch = _internals.LlamaBatch(n_tokens=N_CTX, embd=0, n_seq_max=1, verbose=False)
-        self.identity = _identity(spec, file)
+        self.identity = _identity(spec, file, self.llm, lc)
         self.environment = {"llama_cpp_python": lc.__version__, "llama_cpp_system_info":
                             lc.llama_print_system_info().decode().strip(), "kv_cache_type": {dtype: self.kv_type},
                             "flash_attn": {dtype: self.flash_attn}, "n_threads": 1, "n_batch": N_BATCH,
@@ -143,7 +149,9 @@ class LlamaCppBackend:
     def fresh(self, kind: str = "dynamic", max_len: int | None = None) -> LlamaCppState:
         if kind != "dynamic":
             raise UnsupportedCacheError(f"the {NAME} backend has one cache layout, its own: not {kind!r}")
-        ctx = self._internals.LlamaContext(model=self.llm._model, params=self.llm.context_params, verbose=False)
+        ctx = self.lc.llama_init_from_model(self.llm._model.model, self.llm.context_params)
+        if ctx is None:
+            raise UnsupportedCacheError(f"{NAME}: llama_init_from_model gave no context (out of memory?)")
         return LlamaCppState(self, ctx)
 
     def step(self, ids: Sequence[int], state: Any) -> Any:
@@ -155,9 +163,10 @@ class LlamaCppBackend:
         if state.n_past + len(ids) > N_CTX:
             raise UnsupportedCacheError(f"{NAME}: {state.n_past + len(ids)} positions exceed n_ctx={N_CTX}")
         self._batch.set_batch(list(ids), state.n_past, False)
-        state.ctx.decode(self._batch)
+        if self.lc.llama_decode(state.ctx, self._batch.batch) != 0:
+            raise UnsupportedCacheError(f"{NAME}: llama_decode failed at position {state.n_past}")
         state.n_past += len(ids)
-        row = np.ctypeslib.as_array(state.ctx.get_logits_ith(-1), shape=(self.vocab_size,))
+        row = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(state.ctx, -1), shape=(self.vocab_size,))
         return torch.from_numpy(row.copy())
 
     def step_batch(self, rows: Sequence[Sequence[int]], pad: int) -> Any:
@@ -183,9 +192,12 @@ class LlamaCppBackend:
         if name != WARM:
             raise KvauditError(f"{NAME} builds no construction {name!r} itself")
         self.lease += 1  # any warm state handed out before is stale from here on
-        calls1, tokens1 = self._request(list(ids[:prompt_len]))  # the first request: the prompt alone
-        calls2, tokens2 = self._request(list(ids))  # the second: what it did not evaluate, it reused
-        return LlamaCppState(self, self.llm._ctx, len(ids), self.lease), calls1 + calls2, tokens1 + tokens2, len(ids) - tokens2
+        # a cold engine cache, so that a unit's bits never depend on the item a worker served before it
+        self.llm.reset()
+        first = list(ids[:min(prompt_len, len(ids) - 1)])  # the first request: the prompt
+        calls1, tokens1 = self._request(first) if first else (0, 0)
+        calls2, tokens2 = self._request(list(ids))  # the second, prefix[:-1]: what it did not evaluate, it reused
+        return LlamaCppState(self, self.llm._ctx.ctx, len(ids), self.lease), calls1 + calls2, tokens1 + tokens2, len(ids) - tokens2
 
     def _request(self, ids: list[int]) -> tuple[int, int]:
         """One request through ``Llama.generate`` (its longest-prefix reuse decides what it evaluates): its
@@ -208,15 +220,29 @@ class LlamaCppBackend:
         return seen[0], seen[1]
 
 
-def _identity(spec: str, file: Path) -> dict[str, Any]:
-    """The GGUF's identity (its sha256 is the digest), named as run natively by llama.cpp, not dequantized."""
-    from pytest_kvaudit.engine import gguf
+def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
+    """The GGUF's identity, keyed as the transformers backend keys a GGUF (:func:`..gguf.identity`: the digest
+    covers the file's sha256), read from the metadata llama.cpp already parsed (the ``gguf`` package takes
+    seconds over the tensor table), and named as run natively: not dequantized."""
+    import hashlib
+    import json
+
     from pytest_kvaudit.engine.loading import file_digest
 
-    ident = gguf.identity(spec, file, file_digest(file))
-    ident["gguf"]["dequantized"] = False
-    ident["backend"] = NAME
-    return ident
+    meta = dict(llm.metadata)
+    arch = str(meta.get("general.architecture", "unknown"))
+    ftypes = {v: k.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_")
+              for k, v in vars(lc).items() if k.startswith("LLAMA_FTYPE_") and isinstance(v, int)}
+    ftype = meta.get("general.file_type")
+    digest = file_digest(file)
+    return {
+        "id": spec, "architecture": arch, "model_type": arch, "num_layers": int(meta.get(f"{arch}.block_count", 0) or 0),
+        "weights_digest": "sha256:" + hashlib.sha256(file.name.encode() + b"\0" + digest.encode()).hexdigest(),
+        "config_digest": "sha256:" + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
+        "gguf": {"file": file.name, "quantization": ftypes.get(int(ftype), str(ftype)) if ftype is not None else "unknown",
+                 "dequantized": False},
+        "backend": NAME,
+    }
 
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,

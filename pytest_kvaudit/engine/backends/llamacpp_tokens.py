@@ -24,6 +24,7 @@ class LlamaCppTokenizer:
         self.add_bos = str(meta.get("tokenizer.ggml.add_bos_token", "false")).lower() == "true"
         self.eos_token_id = int(llm.token_eos())
         self.bos_token_id = int(llm.token_bos())
+        self.pad_token_id: int | None = None  # no padding: one sequence per context
         self._vocab: dict[str, int] | None = None
 
     def _piece(self, i: int) -> str:
