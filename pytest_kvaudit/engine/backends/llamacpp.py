@@ -249,6 +249,7 @@ def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None =
                  allow_pickle: bool = False, device_map: str | None = None) -> LlamaCppBackend:
     from pytest_kvaudit.engine.gguf import gguf_file
 
+    _llama_cpp()  # the engine missing is the first thing to say
     if device not in ("auto", "cpu"):
         raise KvauditError(f"--kvaudit-device={device}: the {NAME} backend runs on the CPU here (one thread)")
     file = gguf_file(Path(spec).expanduser())
