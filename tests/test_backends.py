@@ -102,3 +102,6 @@ def test_a_backends_own_constructions_join_only_its_cells() -> None:
     assert names("llama.cpp")[-2:] == ["warm", "restore"]
     assert step_named("restore").price(10, 20, 5) == (5, 5)
     assert step_named("warm").price(10, 20, 5) == (2 + 5, 20 + 5)
+    # a whole-state engine has no layer sweep and no batch probe: neither run nor priced
+    assert (AuditConfig(backend="llama.cpp").sweep_units, AuditConfig(backend="llama.cpp").batch_units) == (0, 0)
+    assert (AuditConfig().sweep_units, AuditConfig().batch_units) == (8, 8)

@@ -124,6 +124,18 @@ def test_transplants_move_the_whole_state_or_nothing(backend: Any, prompt: list[
             kv.transplant(a, b, layers, parts)
 
 
+def test_a_q8_0_cache_runs_with_flash_attention(gguf: Path, prompt: list[int]) -> None:
+    """llama.cpp creates no context with a quantized V cache unless flash attention is on (measured: 0.3.36
+    raises "Failed to create llama_context"), so q8_0 switches it on and the report says so."""
+    from pytest_kvaudit.engine.backends import open_backend
+    from pytest_kvaudit.engine.decoder import Decoder
+
+    b = open_backend("llama.cpp", str(gguf), "q8_0")
+    assert b.environment["kv_cache_type"] == {"q8_0": "q8_0"} and b.environment["flash_attn"] == {"q8_0": True}
+    live = Decoder(b).build_state(prompt, [len(prompt)])
+    assert kv.clone(live).state_bytes() == live.state_bytes()
+
+
 def test_a_short_audit_gives_every_claim_a_verdict(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                                     gguf: Path) -> None:
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # the built-in claims join, as in a user's run

@@ -13,7 +13,7 @@ from pytest_kvaudit.engine.backends import engine_constructions  # noqa: F401  (
 from pytest_kvaudit.engine.backends.protocol import Backend
 from pytest_kvaudit.engine.errors import KvauditError
 
-__all__ = ["Backend", "backend_constructions", "known", "open_backend", "register_backend"]
+__all__ = ["Backend", "backend_constructions", "known", "lacks", "open_backend", "register_backend"]
 
 #: name -> "module:function" (imported when chosen) or the opener itself
 _BACKENDS: dict[str, str | Callable[..., Backend]] = {
@@ -23,14 +23,23 @@ _BACKENDS: dict[str, str | Callable[..., Backend]] = {
 #: name -> the constructions the engine builds by its own means (:mod:`.engine_constructions`), run in every
 #: cell under that backend after the schedules; known without importing the engine, so a plan can price them
 _CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore")}
+#: name -> the analyses the engine cannot run (``layer_sweep``, ``batch_invariance``): never run, never priced
+_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"layer_sweep", "batch_invariance"})}
 
 
-def register_backend(name: str, opener: str | Callable[..., Backend], constructions: tuple[str, ...] = ()) -> None:
+def register_backend(name: str, opener: str | Callable[..., Backend], constructions: tuple[str, ...] = (),
+                     lacks: frozenset[str] = frozenset()) -> None:
     """Make ``--kvaudit-backend=name`` open models with ``opener(spec, dtype, device, attn, trust_remote_code,
     allow_pickle, device_map)``; ``constructions`` are registered schedules the backend builds itself
-    (``Backend.construct``), run in every cell under it."""
+    (``Backend.construct``), run in every cell under it; ``lacks`` the analyses it cannot run."""
     _BACKENDS[name] = opener
     _CONSTRUCTIONS[name] = tuple(constructions)
+    _LACKS[name] = frozenset(lacks)
+
+
+def lacks(name: str, what: str) -> bool:
+    """Whether backend ``name`` cannot run the analysis ``what`` (``layer_sweep``, ``batch_invariance``)."""
+    return what in _LACKS.get(name, frozenset())
 
 
 def backend_constructions(name: str) -> tuple[str, ...]:
