@@ -24,7 +24,7 @@ _BACKENDS: dict[str, str | Callable[..., Backend]] = {
 #: cell under that backend after the schedules; known without importing the engine, so a plan can price them
 _CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore")}
 #: name -> the analyses the engine cannot run (``layer_sweep``, ``batch_invariance``): never run, never priced
-_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"layer_sweep", "batch_invariance"})}
+_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"per_layer", "layer_sweep", "batch_invariance"})}
 
 
 def register_backend(name: str, opener: str | Callable[..., Backend], constructions: tuple[str, ...] = (),
@@ -38,7 +38,8 @@ def register_backend(name: str, opener: str | Callable[..., Backend], constructi
 
 
 def lacks(name: str, what: str) -> bool:
-    """Whether backend ``name`` cannot run the analysis ``what`` (``layer_sweep``, ``batch_invariance``)."""
+    """Whether backend ``name`` cannot do ``what``: ``per_layer`` (its state is read whole, as bytes),
+    ``layer_sweep``, ``batch_invariance``."""
     return what in _LACKS.get(name, frozenset())
 
 
