@@ -60,7 +60,7 @@ def test_the_gguf_loads_natively_with_its_identity(backend: Any) -> None:
     ident = backend.identity
     assert ident["backend"] == "llama.cpp" and ident["weights_digest"].startswith("sha256:")
     assert ident["gguf"] == {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "quantization": "Q4_1", "dequantized": False}
-    assert backend.shape()["layers"] == ident["num_layers"] == 30
+    assert backend.shape()["layers"] == ident["num_layers"] == 30 and ident["architecture"] == "LlamaForCausalLM"
     assert backend.environment["llama_cpp_python"] == llama_cpp.__version__
     assert backend.environment["kv_cache_type"] == {"fp32": "f32"} and backend.environment["n_threads"] == 1
 

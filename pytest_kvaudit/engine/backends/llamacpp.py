@@ -227,6 +227,7 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
     import hashlib
     import json
 
+    from pytest_kvaudit.engine.gguf import _causal_lm_class  # the class a config.json would name, as the GGUF path does
     from pytest_kvaudit.engine.loading import file_digest
 
     meta = dict(llm.metadata)
@@ -236,7 +237,7 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
     ftype = meta.get("general.file_type")
     digest = file_digest(file)
     return {
-        "id": spec, "architecture": arch, "model_type": arch, "num_layers": int(meta.get(f"{arch}.block_count", 0) or 0),
+        "id": spec, "architecture": _causal_lm_class(arch), "model_type": arch, "num_layers": int(meta.get(f"{arch}.block_count", 0) or 0),
         "weights_digest": "sha256:" + hashlib.sha256(file.name.encode() + b"\0" + digest.encode()).hexdigest(),
         "config_digest": "sha256:" + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
         "gguf": {"file": file.name, "quantization": ftypes.get(int(ftype), str(ftype)) if ftype is not None else "unknown",
