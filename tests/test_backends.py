@@ -78,3 +78,30 @@ def test_the_transformers_backend_loads_with_identity(tiny_llama: Path) -> None:
     assert logits.shape[-1] == b.vocab_size and b.decode([0]) == b.tokenizer.decode([0], skip_special_tokens=False)
     register_backend("twin", "pytest_kvaudit.engine.backends.transformers:open_backend")
     assert open_backend("twin", str(tiny_llama), "fp32", "cpu").identity == b.identity
+
+
+def test_the_llama_cpp_backend_without_its_engine_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chosen by name and imported only then: without llama-cpp-python it says how to install it, in one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # an import of it raises ImportError
+    assert "llama.cpp" in known()
+    with pytest.raises(KvauditError, match=r"^--kvaudit-backend=llama.cpp needs llama-cpp-python: "
+                                           r"pip install 'pytest-kvaudit\[llamacpp\]'$"):
+        open_backend("llama.cpp", "model.gguf", "fp32")
+
+
+def test_a_backends_own_constructions_join_only_its_cells() -> None:
+    """warm and restore run under llama.cpp only: transformers' cells (and figures) are what they were, and
+    restore, loaded rather than computed, is priced as its continuation alone."""
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.pipeline import constructions, step_named
+
+    names = lambda backend: [s.name for s in constructions(AuditConfig(backend=backend))]  # noqa: E731
+    assert "warm" not in names("transformers") and "restore" not in names("transformers")
+    assert names("llama.cpp")[-2:] == ["warm", "restore"]
+    assert step_named("restore").price(10, 20, 5) == (5, 5)
+    assert step_named("warm").price(10, 20, 5) == (2 + 5, 20 + 5)
+    # a whole-state engine has no layer sweep and no batch probe: neither run nor priced
+    assert (AuditConfig(backend="llama.cpp").sweep_units, AuditConfig(backend="llama.cpp").batch_units) == (0, 0)
+    assert (AuditConfig().sweep_units, AuditConfig().batch_units) == (8, 8)

@@ -63,6 +63,7 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
     """One row per (precision, construction): how often its boundary state is bit-identical to the live
     cache, and how often its suffix equals live's and prefill's."""
     acc: dict[tuple[str, str], list[int]] = {}
+    reuse: dict[tuple[str, str], list[int]] = {}  # an engine's warm construction: tokens reused, units that reused none
     for r in records:
         if not r.eligible:
             continue
@@ -70,13 +71,21 @@ def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
         for name, c in r.constructions.items():
             if name.endswith(":replica") or name == "live":
                 continue
+            if getattr(c, "reused", None) is not None:
+                u = reuse.setdefault((r.dtype, name), [0, 0])
+                u[0] += c.reused
+                u[1] += c.reused == 0
+                if c.reused == 0:  # reused nothing: a cold prefill, not a warm unit
+                    continue
             a = acc.setdefault((r.dtype, name), [0, 0, 0, 0])
             a[0] += 1
             a[1] += c.state_fp == live.state_fp
             a[2] += c.suffix == live.suffix
             a[3] += c.suffix == pre.suffix
     rows = [{"dtype": d, "construction": c, "attn": None, "cache": "dynamic", "n": a[0], "state_equals_live": a[1],
-             "suffix_equals_live": a[2], "suffix_equals_prefill": a[3]} for (d, c), a in sorted(acc.items())]
+             "suffix_equals_live": a[2], "suffix_equals_prefill": a[3],
+             **({"reused_tokens": reuse[d, c][0], "warm_cold": reuse[d, c][1]} if (d, c) in reuse else {})}
+            for (d, c), a in sorted(acc.items())]
     att: dict[tuple[str, str], list[int]] = {}
     for r in records:
         for name, o in r.probes.axes.items():

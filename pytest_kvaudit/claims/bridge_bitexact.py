@@ -19,6 +19,7 @@ from pytest_kvaudit.claims.base import (
     register,
 )
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
+from pytest_kvaudit.engine.backends import lacks
 
 
 @register
@@ -40,10 +41,12 @@ class BridgeBitexact(Claim):
         if unsupported:
             return self.result(INCONCLUSIVE, 0, 0, unsupported[0])
         bad, details = [], []
+        whole = lacks(ev.config.backend, "per_layer")  # the engine's state, compared as bytes
         for r in rows:
             a, b = r.constructions["live"], r.constructions["incremental"]
             if r.bridge_mismatch or not a.same_as(b):
-                where = f"K/V of layers {','.join(r.bridge_mismatch)}" if r.bridge_mismatch else (
+                state = "the engine's state bytes" if whole else f"K/V of layers {','.join(r.bridge_mismatch)}"
+                where = state if r.bridge_mismatch else (
                     "suffix" if a.suffix != b.suffix else "logits")
                 bad.append(f"{r.item_id}@{r.dtype} ({where})")
                 details.append(detail(r, "live", a, "incremental", b, differs=where))
@@ -54,7 +57,8 @@ class BridgeBitexact(Claim):
         if n < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
                                                    f"{ineligible_note(ev.records)}")
-        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} (every layer's K and V, suffix)")
+        what = "the engine's whole state, byte for byte" if whole else "every layer's K and V"
+        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} ({what}, suffix)")
 
     def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [

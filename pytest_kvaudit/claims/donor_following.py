@@ -23,6 +23,7 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.htmlkit import e, section, table
 from pytest_kvaudit.claims.stats import wilson_interval
+from pytest_kvaudit.engine.backends import lacks
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -103,7 +104,10 @@ class DonorFollowing(Claim):
             statuses.append(FAIL)
             control_notes.append(f"sham control missing on {names(missing)}")
         differing: dict[str, dict[str, int]] = {}
-        for r in chosen:
+        whole = lacks(ev.config.backend, "per_layer")  # an engine's state read whole has no layers to name
+        if whole:
+            figs["per_layer"] = False
+        for r in chosen if not whole else ():
             for layer in r.comparison.differing_layers:
                 d = differing.setdefault(r.dtype, {})
                 d[str(layer)] = d.get(str(layer), 0) + 1

@@ -24,6 +24,7 @@ plain data that pickles and JSON-serialises, so xdist workers and shards can shi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pytest_kvaudit.engine import state as kv
@@ -121,8 +122,8 @@ class CellBuilder:
         self.anatomy(rec, live_state, prefill_state)
         if rec.unsupported is None and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix:
             donors, sweep = grant()
-            if donors:
-                self.transplants(rec, live_state, prefill_state, last, budget, sweep)
+            if donors:  # a backend that keeps its state whole has no layers to sweep
+                self.transplants(rec, live_state, prefill_state, last, budget, sweep and getattr(self.dec.backend, "per_layer", True))
         return rec, tr.prefix
 
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
@@ -159,18 +160,23 @@ class CellBuilder:
         kept = None
         for step in constructions(self.cfg):
             against = live_state if step.bridge and rec.unsupported is None else None
-            cont, state = self.construction(rec, step, prompt, head, last, budget, against=against)
+            cont, state = self.construction(rec, step, prompt, head, last, budget, against=against, live=live_state)
             rec.constructions[step.name] = cont
             if step.keep:
                 kept = state
         return kept
 
     def construction(self, rec: CellRecord, step: Step, prompt: Sequence[int], ids: Sequence[int], last: int,
-                     budget: int, against: Any = None) -> tuple[Continuation, Any]:
-        """Build ``step``'s state over ``ids`` in its schedule -> fingerprint -> continue from ``last`` -> extract
-        the label; the state is returned when the step keeps it."""
+                     budget: int, against: Any = None, live: Any = None) -> tuple[Continuation, Any]:
+        """Build ``step``'s state over ``ids`` in its schedule (or by the backend's own means, for the
+        constructions it declares) -> fingerprint -> continue from ``last`` -> extract the label; the state is
+        returned when the step keeps it."""
         self.dec.path = step.name
-        state = self.dec.build_state(ids, schedule(step.schedule, len(prompt), len(ids)))
+        reused = None
+        if step.schedule in getattr(self.dec.backend, "constructions", ()):
+            state, reused = self.dec.construct(step.schedule, ids, len(prompt), live)
+        else:
+            state = self.dec.build_state(ids, schedule(step.schedule, len(prompt), len(ids)))
         if against is not None:
             rec.comparison.bridge_mismatch = [
                 f"{c.layer}:{part}" for c in kv.compare(state, against)
@@ -181,7 +187,8 @@ class CellBuilder:
         margins: list[float] = []
         suffix, lfp = continue_greedy(self.dec, state, last, budget, margins)
         # the label reads the generated part of the prefix this continuation extends
-        return self.labelled(rec, suffix, fp, lfp, margins, list(ids[len(prompt):]) + [last]), kept
+        cont = self.labelled(rec, suffix, fp, lfp, margins, list(ids[len(prompt):]) + [last])
+        return (replace(cont, reused=reused) if reused is not None else cont), kept
 
     def labelled(self, rec: CellRecord, suffix: tuple[int, ...], state_fp: str, logits_fp: str,
                  margins: Sequence[float], gen_head: Sequence[int]) -> Continuation:

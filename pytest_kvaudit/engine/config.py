@@ -38,9 +38,11 @@ DTYPE_ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16",
     "fp16": "fp16", "float16": "fp16", "half": "fp16",
     "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    # a K/V cache type, not a compute dtype: the llama.cpp backend's 8-bit quantized cache (refused elsewhere)
+    "q8_0": "q8_0",
 }
 #: Precisions whose rounding is coarse enough that live and prefill caches are expected to differ.
-LOW_PRECISION = frozenset({"bf16", "fp16"})
+LOW_PRECISION = frozenset({"bf16", "fp16", "q8_0"})
 
 
 def parse_dtypes(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -204,6 +206,15 @@ class AuditConfig:
     threads: int | None = None
     snapshots: str | None = None  # folder of recorded ledgers (default: snapshots/ under the rootdir)
     ledger_tokens_only: bool = False  # audit ledgers on token-level fields only (a cross-machine audit)
+
+    def __post_init__(self) -> None:
+        from pytest_kvaudit.engine.backends import lacks
+
+        # what the backend cannot do is neither run nor priced (the report names it): a whole-state engine has no
+        # layers to sweep, a one-sequence context no batch to compare a row of
+        for field_name, what in (("sweep_units", "layer_sweep"), ("batch_units", "batch_invariance")):
+            if lacks(self.backend, what):
+                object.__setattr__(self, field_name, 0)
 
     def replace(self, **kw: object) -> AuditConfig:
         return dataclasses.replace(self, **kw)  # type: ignore[arg-type]

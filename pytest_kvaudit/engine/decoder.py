@@ -101,6 +101,17 @@ class Decoder:
         dev = getattr(self.backend, "_device", None)
         return dev if dev is not None else self.backend.device
 
+    def construct(self, name: str, ids: Sequence[int], prompt_len: int, live: Any) -> tuple[Any, int | None]:
+        """A construction the backend builds by its own means (``Backend.construct``: llama.cpp's ``warm`` from
+        its prompt cache, ``restore`` from the ``live`` state saved and loaded); the forwards it ran are
+        counted here and the state fault hook sees the result. Returns the state and the tokens reused."""
+        state, calls, tokens, reused = self.backend.construct(name, ids, prompt_len, live)
+        self.cost.forward_calls += calls
+        self.cost.forward_tokens += tokens
+        if self.faults.state is not None:
+            self.faults.state(state, self.path)
+        return state, reused
+
     def build_state(self, ids: Sequence[int], chunks: Sequence[int]) -> Any:
         """A fresh cache filled by feeding ``ids`` in ``chunks``."""
         if sum(chunks) != len(ids):
@@ -128,6 +139,9 @@ class Continuation:
     margins: tuple[float, ...] = ()
     #: the suffix decoded to text, for people reading counterexamples (never compared)
     text: str = ""
+    #: tokens the engine took from its own prompt cache to build this state (``warm``: the proof of the hit);
+    #: None for every construction built by forwards alone
+    reused: int | None = None
 
     @property
     def suffix_fp(self) -> str:

@@ -36,6 +36,9 @@ def check_dtype_supported(dtype: str, device: str) -> None:
     """Fail early, in one line, for a precision the device cannot run."""
     import torch
 
+    if dtype not in TORCH_DTYPES:
+        raise KvauditError(f"--kvaudit-dtypes={dtype} is a K/V cache type of --kvaudit-backend=llama.cpp, not a "
+                           f"precision transformers runs: use {', '.join(TORCH_DTYPES)}")
     tdt = getattr(torch, TORCH_DTYPES[dtype])
     if device.startswith("cuda") and dtype == "bf16" and not torch.cuda.is_bf16_supported():
         raise KvauditError(f"{torch.cuda.get_device_name(device)} does not support bf16: use --kvaudit-dtypes=fp16,fp32")

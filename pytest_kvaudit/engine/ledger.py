@@ -47,7 +47,9 @@ def slug(model_id: str) -> str:
 
 
 def _cont(c: Any) -> dict[str, Any]:
-    return {"suffix": ids(c.suffix), "label": bool(c.label), "state_fp": c.state_fp, "logits_fp": c.logits_fp}
+    # an engine's warm construction also keeps the tokens it reused: a replay that reused otherwise is another unit
+    reused = {"reused": c.reused} if getattr(c, "reused", None) is not None else {}
+    return {"suffix": ids(c.suffix), "label": bool(c.label), "state_fp": c.state_fp, "logits_fp": c.logits_fp, **reused}
 
 
 def unit_of(r: Any, with_transplants: bool = True) -> dict[str, Any]:

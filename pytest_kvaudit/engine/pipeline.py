@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine.schedules import extra_constructions, schedule
+from pytest_kvaudit.engine.backends import backend_constructions
+from pytest_kvaudit.engine.schedules import extra_constructions, runs_forwards, schedule
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -55,6 +56,8 @@ class Step:
         if self.kind == TRAJECTORY:
             return max(length, 1), prompt + max(length - 1, 0)
         if self.kind == CONSTRUCTION:
+            if not runs_forwards(self.schedule):  # loaded, not computed: only its continuation runs
+                return suffix, suffix
             calls = len(schedule(self.schedule, prompt, length)) if length >= 1 else 0
             return calls + suffix, length + suffix
         return suffix, suffix
@@ -72,8 +75,10 @@ SWEEP = Step("sweep", "sweep", CONTINUATION)
 
 def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
     """Every construction of a cell besides ``live``, in the order they run and are recorded: ``prefill`` and
-    its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``."""
-    names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks))
+    its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``, then the
+    backend's own constructions (llama.cpp's ``warm`` and ``restore``; none for transformers)."""
+    names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks),
+             *backend_constructions(cfg.backend))
     return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
             Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
             *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))

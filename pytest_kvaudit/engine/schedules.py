@@ -29,18 +29,24 @@ ScheduleFn = Callable[[int, int, "int | None"], list[int]]
 _SCHEDULES: dict[str, ScheduleFn] = {}
 #: registered names that are extra constructions of every cell (a user's schedules), in registration order
 _EXTRA: list[str] = []
+#: registered names whose state is loaded, not computed: priced as no forwards (an engine's ``restore``)
+_LOADED: set[str] = set()
 _NAME = re.compile(r"([a-z_][a-z0-9_]*)(?:\((\d+)\))?")
 
 
-def register_schedule(name: str, *, every_cell: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
+def register_schedule(name: str, *, every_cell: bool = True, forwards: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
     """Register ``fn`` as the chunk schedule ``name``; with ``every_cell`` (the default) every cell computes
-    it as a construction. The built-in entries pass ``every_cell=False``: the pipeline gives them their roles."""
+    it as a construction. The built-in entries pass ``every_cell=False``: the pipeline gives them their roles,
+    and so do a backend's own constructions (:mod:`.backends.engine_constructions`). ``forwards=False``: the
+    state is loaded, not computed, and is priced as no forward."""
     if not _NAME.fullmatch(name) or "(" in name:
         raise KvauditError(f"schedule name {name!r}: use lowercase letters, digits and _ (an argument goes in the "
                            "construction's name, as chunked(4), not in the schedule's)")
 
     def deco(fn: ScheduleFn) -> ScheduleFn:
         _SCHEDULES[name] = fn
+        if not forwards:
+            _LOADED.add(name)
         if every_cell and name not in _EXTRA:
             _EXTRA.append(name)
         return fn
@@ -55,6 +61,11 @@ def known() -> list[str]:
 def extra_constructions() -> tuple[str, ...]:
     """The registered schedules that every cell computes besides the built-in ones, in registration order."""
     return tuple(_EXTRA)
+
+
+def runs_forwards(construction: str) -> bool:
+    """Whether ``construction``'s boundary state is computed by forwards (False: loaded, as ``restore``)."""
+    return construction.split("(")[0] not in _LOADED
 
 
 def unregister_schedule(name: str) -> None:

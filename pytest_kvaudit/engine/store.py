@@ -107,6 +107,11 @@ class Store:
                 self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
                                                             "backend": self.cfg.backend}
             self.environment.setdefault("dtypes", []).append(dtype)
+            for key, value in getattr(h, "environment", {}).items():  # an engine's own facts, per precision where keyed
+                if isinstance(value, dict):
+                    self.environment.setdefault(key, {}).update(value)
+                else:
+                    self.environment.setdefault(key, value)
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)

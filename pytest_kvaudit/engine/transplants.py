@@ -3,6 +3,7 @@ where the suffixes part) and, on divergent units, the transplants with their con
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine import state as kv
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
 def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
     if rec.unsupported is None:
         layers = kv.compare(live_state, prefill_state)
+        # an engine's whole state says only equal or not: no magnitude to put in the drift
         rec.comparison.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
-                                for c in layers]
+                                for c in layers if math.isfinite(c.keys_max_abs + c.values_max_abs)]
         rec.comparison.differing_layers = [c.layer for c in layers if not (c.keys_equal and c.values_equal)]
         rec.comparison.identical_layers = [c.layer for c in layers if c.keys_equal and c.values_equal]
     live, prefill = rec.constructions[LIVE.name].suffix, rec.constructions["prefill"].suffix

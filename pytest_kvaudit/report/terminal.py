@@ -59,6 +59,10 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             f"threads {e.get('num_threads')}, deterministic {onoff.get(e.get('deterministic_algorithms'), '-')}, "
             f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace {e.get('cublas_workspace_config') or '-'}"
         )
+        if e.get("llama_cpp_python"):  # the engine that ran the model, its K/V cache types, and what it cannot do
+            kvt = ", ".join(f"{d} {t}" for d, t in e.get("kv_cache_type", {}).items())
+            out.append(f"backend llama.cpp (llama-cpp-python {e['llama_cpp_python']}), K/V cache {kvt}; not available: "
+                       f"{', '.join(e.get('not_available', [])) or 'none'}")
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
     out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")

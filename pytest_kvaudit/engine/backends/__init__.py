@@ -9,21 +9,43 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
+from pytest_kvaudit.engine.backends import engine_constructions  # noqa: F401  (their schedules, for pricing)
 from pytest_kvaudit.engine.backends.protocol import Backend
 from pytest_kvaudit.engine.errors import KvauditError
 
-__all__ = ["Backend", "known", "open_backend", "register_backend"]
+__all__ = ["Backend", "backend_constructions", "known", "lacks", "open_backend", "register_backend"]
 
 #: name -> "module:function" (imported when chosen) or the opener itself
 _BACKENDS: dict[str, str | Callable[..., Backend]] = {
     "transformers": "pytest_kvaudit.engine.backends.transformers:open_backend",
+    "llama.cpp": "pytest_kvaudit.engine.backends.llamacpp:open_backend",
 }
+#: name -> the constructions the engine builds by its own means (:mod:`.engine_constructions`), run in every
+#: cell under that backend after the schedules; known without importing the engine, so a plan can price them
+_CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore")}
+#: name -> the analyses the engine cannot run (``layer_sweep``, ``batch_invariance``): never run, never priced
+_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"per_layer", "layer_sweep", "batch_invariance"})}
 
 
-def register_backend(name: str, opener: str | Callable[..., Backend]) -> None:
+def register_backend(name: str, opener: str | Callable[..., Backend], constructions: tuple[str, ...] = (),
+                     lacks: frozenset[str] = frozenset()) -> None:
     """Make ``--kvaudit-backend=name`` open models with ``opener(spec, dtype, device, attn, trust_remote_code,
-    allow_pickle, device_map)``."""
+    allow_pickle, device_map)``; ``constructions`` are registered schedules the backend builds itself
+    (``Backend.construct``), run in every cell under it; ``lacks`` the analyses it cannot run."""
     _BACKENDS[name] = opener
+    _CONSTRUCTIONS[name] = tuple(constructions)
+    _LACKS[name] = frozenset(lacks)
+
+
+def lacks(name: str, what: str) -> bool:
+    """Whether backend ``name`` cannot do ``what``: ``per_layer`` (its state is read whole, as bytes),
+    ``layer_sweep``, ``batch_invariance``."""
+    return what in _LACKS.get(name, frozenset())
+
+
+def backend_constructions(name: str) -> tuple[str, ...]:
+    """The constructions backend ``name`` builds by its own means (an empty tuple for transformers)."""
+    return _CONSTRUCTIONS.get(name, ())
 
 
 def known() -> list[str]:

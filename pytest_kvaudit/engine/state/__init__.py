@@ -14,12 +14,11 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
-from pytest_kvaudit.engine.state import lossy
-from pytest_kvaudit.engine.state.protocol import LayerKind, Part
+from pytest_kvaudit.engine.state import lossy, whole
+from pytest_kvaudit.engine.state.protocol import LayerComparison, LayerKind, Part, PartDiff
 from pytest_kvaudit.engine.state.registry import adapter, register_layer_kind
 from pytest_kvaudit.engine.state.tensors import (
     add_tensor,
@@ -92,6 +91,8 @@ def new_cache(model: Any, kind: str = "dynamic", max_cache_len: int | None = Non
 
 
 def layers_of(cache: Any) -> list[Any]:
+    if isinstance(cache, whole.WholeState):
+        raise cache.refuse("per-layer access")
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise UnsupportedCacheError(
@@ -123,6 +124,8 @@ def _selected(p: Part, parts: str) -> bool:
 
 def check_supported(cache: Any) -> None:
     """Every layer has an adapter and holds some state (a one-line refusal naming the layer's class if not)."""
+    if isinstance(cache, whole.WholeState):
+        return
     for i, layer in enumerate(layers_of(cache)):
         if not adapter(layer).parts(layer):
             raise UnsupportedCacheError(f"layer {i} of the cache ({type(layer).__name__}) holds no state yet")
@@ -130,11 +133,15 @@ def check_supported(cache: Any) -> None:
 
 def kinds(cache: Any) -> list[str]:
     """Each layer's kind as the report names it (``full``, ``sliding(8)``, ``recurrent``, ``full+recurrent``)."""
+    if isinstance(cache, whole.WholeState):
+        return [cache.kind]
     return [adapter(layer).describe(layer) for layer in layers_of(cache)]
 
 
 def recurrent(cache: Any) -> bool:
     """Whether any layer carries state beyond attention K/V."""
+    if isinstance(cache, whole.WholeState):
+        return False
     return any(not p.attention for layer in layers_of(cache) for p in adapter(layer).parts(layer))
 
 
@@ -143,7 +150,9 @@ def fingerprint(cache: Any, layers: Sequence[int] | None = None, parts: str = "k
 
     A cache of attention layers only is the digest of its K and V tensors, layer by layer (the digests
     recorded in ledgers since the first version). A cache with recurrent state adds each layer's kind, every
-    part by name and its counters' values."""
+    part by name and its counters' values. An engine's whole state is the digest of its bytes."""
+    if isinstance(cache, whole.WholeState):
+        return whole.fingerprint(cache, layers, parts)
     all_layers = layers_of(cache)
     idx = range(len(all_layers)) if layers is None else layers
     adapters = [adapter(layer) for layer in all_layers]
@@ -159,61 +168,6 @@ def fingerprint(cache: Any, layers: Sequence[int] | None = None, parts: str = "k
                 h.update(p.name.encode())
                 add_tensor(h, p.tensor)
     return str(h.hexdigest())
-
-
-@dataclass(frozen=True)
-class PartDiff:
-    """One part of one layer set against the same part of another state."""
-
-    name: str
-    side: str
-    equal: bool
-    max_abs: float
-    rel: float
-    #: first differing position (K/V: along the positions held; a recurrent state: the flat element index)
-    first: int | None = None
-    max_ulps: int | None = None
-
-
-@dataclass(frozen=True)
-class LayerComparison:
-    """A layer of two states compared: per part, and as the K and V columns the report shows."""
-
-    layer: int
-    kind: str
-    parts: tuple[PartDiff, ...]
-    counters_equal: bool = True
-
-    def _side(self, side: str) -> list[PartDiff]:
-        return [p for p in self.parts if p.side == side]
-
-    @property
-    def keys_equal(self) -> bool:
-        return self.counters_equal and all(p.equal for p in self._side("k"))
-
-    @property
-    def values_equal(self) -> bool:
-        return self.counters_equal and all(p.equal for p in self._side("v"))
-
-    @property
-    def keys_max_abs(self) -> float:
-        return max((p.max_abs for p in self._side("k")), default=0.0)
-
-    @property
-    def values_max_abs(self) -> float:
-        return max((p.max_abs for p in self._side("v")), default=0.0)
-
-    @property
-    def keys_rel(self) -> float:
-        return max((p.rel for p in self._side("k")), default=0.0)
-
-    @property
-    def values_rel(self) -> float:
-        return max((p.rel for p in self._side("v")), default=0.0)
-
-    @property
-    def equal(self) -> bool:
-        return self.keys_equal and self.values_equal
 
 
 def _diff(p: Part, q: Part) -> PartDiff:
@@ -240,7 +194,9 @@ def _diff(p: Part, q: Part) -> PartDiff:
 def compare(a: Any, b: Any) -> list[LayerComparison]:
     """Per layer and part: bit-identical (``torch.equal``), and how far apart when not (max-abs, relative to
     the other state's scale, the first differing position and the largest distance in ULPs); counters are
-    compared as values."""
+    compared as values. An engine's whole state is one row: bytes equal, and the first differing byte."""
+    if isinstance(a, whole.WholeState):
+        return whole.compare(a, b)
     la, lb = layers_of(a), layers_of(b)
     if len(la) != len(lb):
         raise UnsupportedCacheError(f"caches have {len(la)} and {len(lb)} layers: they come from different models")
@@ -260,8 +216,11 @@ def equal(a: Any, b: Any) -> bool:
 
 
 def clone(cache: Any) -> Any:
-    """A deep copy that shares no storage with ``cache``. An offloaded cache's prefetch stream is shared, not
-    copied: it is a queue of work, not state, and a ``torch.Stream`` cannot be copied."""
+    """A deep copy that shares no storage with ``cache`` (an engine's state: saved and loaded into another
+    context). An offloaded cache's prefetch stream is shared, not copied: it is a queue of work, not state,
+    and a ``torch.Stream`` cannot be copied."""
+    if isinstance(cache, whole.WholeState):
+        return cache.clone()
     stream = getattr(cache, "prefetch_stream", None)
     return copy.deepcopy(cache, None if stream is None else {id(stream): stream})
 
@@ -269,7 +228,10 @@ def clone(cache: Any) -> Any:
 def transplant(receiver: Any, donor: Any, layers: Sequence[int] | None = None, parts: str = "kv") -> Any:
     """A new cache: ``receiver`` with ``donor``'s state copied into ``layers`` (all by default), ``parts`` of
     each (the whole state by default). Neither input is modified. The two must hold the same positions. A
-    preallocated (static) receiver keeps its tensors and gets the donor's copied into them."""
+    preallocated (static) receiver keeps its tensors and gets the donor's copied into them. An engine's whole
+    state moves whole or not at all (:func:`.whole.transplant`)."""
+    if isinstance(receiver, whole.WholeState):
+        return whole.transplant(receiver, donor, layers, parts)
     out = clone(receiver)
     dst, src = layers_of(out), layers_of(donor)
     if len(dst) != len(src):

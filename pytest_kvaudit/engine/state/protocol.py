@@ -47,3 +47,58 @@ class LayerKind(Protocol):
 
     def bytes_per_position(self, layer: Any) -> int:
         """State bytes one more position adds (0 for a recurrent state, whose size is fixed)."""
+
+
+@dataclass(frozen=True)
+class PartDiff:
+    """One part of one layer set against the same part of another state."""
+
+    name: str
+    side: str
+    equal: bool
+    max_abs: float
+    rel: float
+    #: first differing position (K/V: along the positions held; a recurrent state: the flat element index)
+    first: int | None = None
+    max_ulps: int | None = None
+
+
+@dataclass(frozen=True)
+class LayerComparison:
+    """A layer of two states compared: per part, and as the K and V columns the report shows."""
+
+    layer: int
+    kind: str
+    parts: tuple[PartDiff, ...]
+    counters_equal: bool = True
+
+    def _side(self, side: str) -> list[PartDiff]:
+        return [p for p in self.parts if p.side == side]
+
+    @property
+    def keys_equal(self) -> bool:
+        return self.counters_equal and all(p.equal for p in self._side("k"))
+
+    @property
+    def values_equal(self) -> bool:
+        return self.counters_equal and all(p.equal for p in self._side("v"))
+
+    @property
+    def keys_max_abs(self) -> float:
+        return max((p.max_abs for p in self._side("k")), default=0.0)
+
+    @property
+    def values_max_abs(self) -> float:
+        return max((p.max_abs for p in self._side("v")), default=0.0)
+
+    @property
+    def keys_rel(self) -> float:
+        return max((p.rel for p in self._side("k")), default=0.0)
+
+    @property
+    def values_rel(self) -> float:
+        return max((p.rel for p in self._side("v")), default=0.0)
+
+    @property
+    def equal(self) -> bool:
+        return self.keys_equal and self.values_equal
