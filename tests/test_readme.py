@@ -89,7 +89,8 @@ def test_ci_runs_the_readme_test_command() -> None:
     tests_cmd = block_after("Run kvaudit's own tests", "bash").strip()
     ci = (REPO / ".ci" / "run").read_text()
     install, _, run = tests_cmd.partition(" && pytest")
-    assert "pip install torch==2.13.0 -e '.[dev,quanto]'" in install and "pip install -q torch==2.13.0 -e '.[dev,quanto]'" in ci
+    extras = "torch==2.13.0 -e '.[dev,quanto,llamacpp]'"
+    assert f"pip install {extras}" in install and f"pip install -q {extras}" in ci
     assert f"pytest{run}" in ci.splitlines()
 
 
