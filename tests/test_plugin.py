@@ -100,6 +100,8 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
     assert set(m["divergent_suffixes"]) == {"bf16", "fp32"}
     for key in ("label_disagreements", "accuracy_live", "accuracy_prefill", "accuracy_diff", "accuracy_diff_ci"):
         assert set(m[key]) == {"bf16", "fp32"}
+    # an answer changes only where the suffix does, and a changed label needs a changed answer
+    assert all(m["label_disagreements"][d] <= m["answer_changes"][d] <= m["divergent_suffixes"][d] for d in m["n"])
     assert set(data["claims"]["fixed_prefix_2x2"]["figures"]["disagreements"]) == {"bf16", "fp32"}
     # the least the claims need is priced apart from what ran: the sweep and the probes are beyond it
     assert data["cost"]["forward_tokens"] > data["cost"]["minimal_forward_tokens"] > 0

@@ -69,7 +69,8 @@ class MatchedConstruction(Claim):
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
         figs: dict[str, Any] = {
             k: {} for k in ("divergent_suffixes", "label_disagreements", "accuracy_live", "accuracy_prefill",
-                            "accuracy_diff", "accuracy_diff_ci", "mcnemar_p", "n", "labels_extracted", "discordant")
+                            "accuracy_diff", "accuracy_diff_ci", "mcnemar_p", "n", "labels_extracted", "discordant",
+                            "answer_changes")
         }
         figs["confidence"] = th["confidence"]
         statuses, reasons, divergent_items, details = [], [], [], []
@@ -100,7 +101,10 @@ class MatchedConstruction(Claim):
                  "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p,
                  "accuracy_diff_ci": [ci[0], ci[1]], "mcnemar_p": mcnemar_exact(live, pre) if n else None, "n": n,
                  "labels_extracted": [extracted, n],
-                 "discordant": [sum(a and not b for a, b in zip(live, pre)), sum(b and not a for a, b in zip(live, pre))]}
+                 "discordant": [sum(a and not b for a, b in zip(live, pre)), sum(b and not a for a, b in zip(live, pre))],
+                 # the extracted answer itself: a model that is wrong on both sides changes no label, yet a
+                 # divergent suffix may still change what it answers (a label is correctness, not the answer)
+                 "answer_changes": sum(r.constructions["live"].answer != r.constructions["prefill"].answer for r in div)}
             for key, val in f.items():
                 figs[key][d] = val
             m, need = th["margin"], th["min_label_rate"]
@@ -116,7 +120,8 @@ class MatchedConstruction(Claim):
                 reasons.append(f"{d}: accuracy differs, diff {f['accuracy_diff']:+.3f} CI {_iv(ci)} excludes 0")
             elif -m <= ci[0] and ci[1] <= m:
                 statuses.append(PASS)
-                reasons.append(f"{d}: {len(div)}/{n} suffixes diverge, accuracy diff CI {_iv(ci)} within ±{m:g}")
+                reasons.append(f"{d}: {len(div)}/{n} suffixes diverge ({f['answer_changes']} with another answer), "
+                               f"accuracy diff CI {_iv(ci)} within ±{m:g}")
             else:
                 statuses.append(INCONCLUSIVE)
                 reasons.append(f"{d}: accuracy diff CI {_iv(ci)} wider than ±{m:g}")
