@@ -281,3 +281,12 @@ def test_fuzz_ledger_parser_raises_only_our_error(text: str) -> None:
         parse(text, "fuzz.json")
     except KvauditError:
         pass
+
+
+def test_a_checkpoint_file_keeps_its_ledger_under_its_own_name(tmp_path: Path) -> None:
+    from pytest_kvaudit.engine.ledger import slug
+
+    f = tmp_path / "models" / "Smol LM.Q4_1.gguf"
+    f.parent.mkdir()
+    f.write_bytes(b"GGUF")
+    assert slug(str(f)) == "Smol-LM.Q4_1.gguf" and slug("org/name") == "org--name"

@@ -36,8 +36,11 @@ def ids(xs: Any) -> str:
 
 
 def slug(model_id: str) -> str:
-    """A folder name for a model: the checkpoint folder's name, or org--name for a hub id."""
+    """A folder name for a model: the checkpoint folder's name, a checkpoint file's name (a GGUF), or
+    org--name for a hub id."""
     p = Path(model_id)
+    if p.is_file():
+        return re.sub(r"[^\w.-]+", "-", p.name) or "model"
     if p.is_dir():
         name = p.resolve().name
         if name == "embedded" and p.resolve().parent.name in ("fixtures", "pytest_kvaudit"):
