@@ -4,7 +4,6 @@ and the comparison with a baseline. Built once, at the session's end."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,8 +22,8 @@ def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
 
 def run_report(sess: KvauditSession) -> dict[str, Any] | None:
     """The report, or None when no claim was judged."""
-    from pytest_kvaudit.engine.errors import KvauditError
-    from pytest_kvaudit.report.document import build, compare, load_baseline
+    from pytest_kvaudit.report.comparison import compare
+    from pytest_kvaudit.report.document import build
 
     if not sess.claims:
         return None
@@ -37,15 +36,28 @@ def run_report(sess: KvauditSession) -> dict[str, Any] | None:
         info.get("cost", {}),
         analyses=info.get("analyses", {}),
         plan=plan_block(sess, info.get("plan", {})),
-        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
+        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed,
+                "identity": identity(sess)},
         display=sess.display,
     )
-    if sess.baseline:
-        try:
-            rep["baseline"] = {"path": sess.baseline, **compare(load_baseline(Path(sess.baseline)), rep)}
-        except KvauditError as exc:
-            rep["baseline"] = {"path": sess.baseline, "error": str(exc), "changes": []}
+    if sess.gate is not None:
+        rep["baseline"] = {"path": sess.baseline, **compare(sess.gate.report, rep, sess.gate.rules, sess.gate_result)}
     return rep
+
+
+def identity(sess: KvauditSession) -> dict[str, Any]:
+    """The run's model shape, items and settings, as a later run's ``--kvaudit-baseline`` checks them before it
+    loads anything (empty where they cannot be read back, e.g. a hub checkpoint offline)."""
+    from pytest_kvaudit.engine.baseline import partial_identity, run_identity
+    from pytest_kvaudit.engine.errors import KvauditError
+
+    if sess.identity is None:
+        merge = sess.topology.merge
+        try:
+            sess.identity = partial_identity(merge) if merge is not None else run_identity(sess.config)
+        except (KvauditError, OSError, ValueError):
+            sess.identity = {}
+    return sess.identity
 
 
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
