@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvaudit import options as opt
-from pytest_kvaudit.engine.baseline import Rules, mismatches, partial_identity, recorded_identity, run_identity
+from pytest_kvaudit.engine.baseline import Rules, mismatches, recorded_identity
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.run_report import identity
 from pytest_kvaudit.verdicts import GATE_PROP
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from pytest_kvaudit.session import KvauditSession
 
 NODE_NAME = "kvaudit::baseline"
-LEDGER = Path("test_ledger_audit") / "test_ledger_audit.json"
 
 
 @dataclass
@@ -63,9 +63,17 @@ class Gate:
                 f"({opt.BASELINE_FAIL}={self.rules.text()}): {result.reason}")
 
 
-def _ledger_beside(p: Path) -> Path | None:
+def ledger_name(sess: KvauditSession) -> Path:
+    """Where a snapshots/<slug>/ folder keeps its ledger, as the claim that records it says (its last two parts)."""
+    from pytest_kvaudit.claims import registered
+
+    rec = next((p for c in registered() if (p := c.recorded_run(sess.config)) is not None), None)
+    return Path(*rec.parts[-2:]) if rec is not None else Path("ledger.json")
+
+
+def _ledger_beside(p: Path, name: Path) -> Path | None:
     folder = p if p.is_dir() else p.parent
-    return folder / LEDGER if (folder / LEDGER).is_file() else None
+    return folder / name if (folder / name).is_file() else None
 
 
 def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
@@ -77,13 +85,11 @@ def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
     try:
         rules = Rules.parse(opt.value(config, opt.BASELINE_FAIL), opt.source(config, opt.BASELINE_FAIL))
         path = Path(sess.baseline)
-        gate = Gate(path, load_baseline(path), rules, _ledger_beside(path))
+        gate = Gate(path, load_baseline(path), rules, _ledger_beside(path, ledger_name(sess)))
         if hasattr(config, "workerinput") or sess.plan_only:
             return gate  # the controller checked it; a plan computes nothing to compare
-        merge = sess.topology.merge
-        ident = partial_identity(merge) if merge is not None else run_identity(sess.config)
-        sess.identity = ident
-    except KvauditError as exc:
+        ident = identity(sess, strict=True)
+    except (KvauditError, OSError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     bad = mismatches(recorded_identity(gate.report), ident)
     if bad:
@@ -91,8 +97,8 @@ def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
                                 + "\n  ".join(bad) + "\nrecord a baseline with the same items and settings "
                                 "(--snapshot-update), or run with the baseline's")
     if gate.ledger is None:
-        gate.notes.append(f"{path}: no ledger beside the report ({LEDGER}): verdicts and counts compared, "
-                          "trajectories not")
+        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(sess)}): verdicts compared, "
+                          "trajectories and divergent sets not")
     return gate
 
 
@@ -101,13 +107,12 @@ class BaselineItem(pytest.Item):
 
     #: it reads the store as a test using the fixture does: an xdist worker computes its share for it
     fixturenames = ("kvaudit_store",)
+    kvaudit: KvauditSession  # set by :func:`add_item`
 
     def runtest(self) -> None:
         from pytest_kvaudit.engine import ledger as L
         from pytest_kvaudit.engine.ledger_diff import compare, findings
-        from pytest_kvaudit.plugin import SESSION_KEY
-
-        sess = self.config.stash[SESSION_KEY]
+        sess = self.kvaudit
         gate = sess.gate
         assert gate is not None
         store = sess.get_store()  # fails with the run's error; skips in a runner's shard
@@ -155,4 +160,6 @@ def add_item(session: pytest.Session, items: list[pytest.Item], sess: KvauditSes
     """Collect ``kvaudit::baseline`` when a baseline is given (every xdist worker collects the same one)."""
     if sess.gate is None or sess.plan_only:
         return
-    items.append(BaselineItem.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME))
+    item = BaselineItem.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
+    item.kvaudit = sess
+    items.append(item)

@@ -45,17 +45,29 @@ def run_report(sess: KvauditSession) -> dict[str, Any] | None:
     return rep
 
 
-def identity(sess: KvauditSession) -> dict[str, Any]:
+def identity(sess: KvauditSession, strict: bool = False) -> dict[str, Any]:
     """The run's model shape, items and settings, as a later run's ``--kvaudit-baseline`` checks them before it
-    loads anything (empty where they cannot be read back, e.g. a hub checkpoint offline)."""
+    loads anything: from config.json (or a GGUF header) and the item file, or a merge's partials. Empty where
+    they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's check) raises."""
+    import json
+
+    from pytest_kvaudit.dist.partials import PARTIAL_RE
     from pytest_kvaudit.engine.baseline import partial_identity, run_identity
     from pytest_kvaudit.engine.errors import KvauditError
 
     if sess.identity is None:
         merge = sess.topology.merge
         try:
-            sess.identity = partial_identity(merge) if merge is not None else run_identity(sess.config)
+            if merge is None:
+                sess.identity = run_identity(sess.config)
+            else:
+                files = sorted(p for p in merge.rglob("partial-*.json") if PARTIAL_RE.fullmatch(p.name))
+                if not files:
+                    raise KvauditError(f"--kvaudit-merge={merge}: no partial-I-of-N.json under it")
+                sess.identity = partial_identity(json.loads(files[0].read_text(encoding="utf-8")))
         except (KvauditError, OSError, ValueError):
+            if strict:
+                raise
             sess.identity = {}
     return sess.identity
 

@@ -133,14 +133,8 @@ def run_identity(cfg: AuditConfig) -> dict[str, Any]:
             "settings": settings}
 
 
-def partial_identity(merge: Path) -> dict[str, Any]:
-    """A merge run's identity, from the first partial's header (the merge refuses partials that disagree)."""
-    from pytest_kvaudit.dist.partials import PARTIAL_RE
-
-    files = sorted(p for p in merge.rglob("partial-*.json") if PARTIAL_RE.fullmatch(p.name))
-    if not files:
-        raise KvauditError(f"--kvaudit-merge={merge}: no partial-I-of-N.json under it")
-    head = json.loads(files[0].read_text(encoding="utf-8"))
+def partial_identity(head: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge run's identity, from a partial's header (the merge refuses partials that disagree)."""
     plan, iset, model = head.get("plan", {}), head.get("item_set", {}), head.get("model", {})
     settings = {k: plan.get(k) for k in SETTINGS if k in plan}
     settings.update({k: iset.get(k) for k in ("boundary", "answer_regex", "max_new_tokens")})
