@@ -70,25 +70,34 @@ def open_traced(model: str, ubatch: int, extra_bufts: bool, flash_attn: bool) ->
 
 
 def kv_cells(blob: bytes, n_layer: int, cells: int, n_embd_k: int, n_embd_v: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
-    """Per layer, per cell: the K row and the V column of an f32 cache in ``llama_state_seq_get_data``'s
-    bytes. The K/V section is the blob's tail (``state_write_data``: v_trans, n_layer, then per layer the K
-    type, row size and rows, then for a transposed V per layer its type, element size, n_embd_v and one run of
-    cells per channel); its start is found from its size and checked against the header it must have."""
+    """Per layer, per cell: the K row and the V row of an f32 cache in ``llama_state_seq_get_data``'s bytes.
+
+    The K/V section is the blob's tail (``state_write_data``: v_trans, n_layer, then per layer the K type, row
+    size and rows; then per layer V: as K when not transposed (flash attention), else its type, element size,
+    n_embd_v and one run of cells per channel). Its start is found from its size and checked against the
+    header it must have."""
     k_layer = 4 + 8 + cells * n_embd_k * 4
-    v_layer = 4 + 4 + 4 + cells * n_embd_v * 4
-    start = len(blob) - (8 + n_layer * (k_layer + v_layer))
-    v_trans, nl = struct.unpack_from("<II", blob, start)
-    if v_trans != 1 or nl != n_layer:
-        raise SystemExit(f"state layout not understood at byte {start}: v_trans={v_trans}, n_layer={nl}")
+    for v_trans, v_layer in ((1, 4 + 4 + 4 + cells * n_embd_v * 4), (0, 4 + 8 + cells * n_embd_v * 4)):
+        start = len(blob) - (8 + n_layer * (k_layer + v_layer))
+        if start >= 0 and struct.unpack_from("<II", blob, start) == (v_trans, n_layer):
+            break
+    else:
+        raise SystemExit(f"state layout not understood: no K/V section of {n_layer} layers x {cells} cells at its tail")
     at = start + 8
-    ks, vs = [], []
+
+    def rows(n_embd: int) -> list[bytes]:
+        nonlocal at
+        typ, row = struct.unpack_from("<iQ", blob, at)
+        assert typ == 0 and row == n_embd * 4, (typ, row)
+        at += 12 + cells * row
+        return [blob[at - cells * row + c * row: at - cells * row + (c + 1) * row] for c in range(cells)]
+
+    ks = [rows(n_embd_k) for _ in range(n_layer)]
+    vs = []
     for _ in range(n_layer):
-        ktype, krow = struct.unpack_from("<iQ", blob, at)
-        assert ktype == 0 and krow == n_embd_k * 4, (ktype, krow)
-        at += 12
-        ks.append([blob[at + c * krow: at + (c + 1) * krow] for c in range(cells)])
-        at += cells * krow
-    for _ in range(n_layer):
+        if not v_trans:
+            vs.append(rows(n_embd_v))
+            continue
         vtype, vel, nv = struct.unpack_from("<iII", blob, at)
         assert vtype == 0 and vel == 4 and nv == n_embd_v, (vtype, vel, nv)
         at += 12
