@@ -234,7 +234,10 @@ def main() -> None:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "items": out}, indent=1) + "\n")
+        # one line per tensor: readable in a diff at a fraction of an indented dump's size
+        items = [json.dumps({k: v for k, v in r.items() if k != "tensors"})[:-1] + ', "tensors": [\n'
+                 + ",\n".join("   " + json.dumps(t) for t in r.get("tensors", [])) + "\n  ]}" for r in out]
+        tmp.write_text('{"meta": ' + json.dumps(meta) + ',\n "items": [\n  ' + ",\n  ".join(items) + "\n]}\n")
         tmp.replace(path)
 
 
