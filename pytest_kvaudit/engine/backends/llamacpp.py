@@ -40,8 +40,10 @@ KV_TYPES = {"fp32": (0, "f32"), "fp16": (1, "f16"), "bf16": (30, "bf16"), "q8_0"
 NEEDS_FLASH_ATTN = frozenset({"q8_0"})
 N_CTX = int(os.environ.get("KVAUDIT_LLAMACPP_N_CTX", "1024"))
 N_BATCH = 512
-#: ``0``: load the weights into plain CPU buffers, not llama.cpp's extra buffer types (AMX, repacked layouts):
-#: the way round the AMX int8 crash of a GCC 12 build on an AMX Xeon (README, "llama.cpp"); read at each load
+#: ``1``: let llama.cpp load the weights into its extra buffer types (AMX, repacked layouts). Off by default: a
+#: GCC 12 build's AMX int8 kernel segfaults on an AMX Xeon at its first batch of 2+ tokens (upstream
+#: ggml-org/llama.cpp#20824; README, "llama.cpp"), and plain CPU buffers keep the kernel paths (and so the bits)
+#: the same on CPUs with and without AMX. Read at each load and recorded as ``environment.use_extra_bufts``
 EXTRA_BUFTS_ENV = "KVAUDIT_LLAMACPP_EXTRA_BUFTS"
 
 
@@ -124,7 +126,7 @@ class LlamaCppBackend:
         type_id, self.kv_type = KV_TYPES[dtype]
         self.flash_attn = dtype in NEEDS_FLASH_ATTN
         t0 = time.perf_counter()
-        extra_bufts = os.environ.get(EXTRA_BUFTS_ENV, "1") != "0"
+        extra_bufts = os.environ.get(EXTRA_BUFTS_ENV, "0") == "1"
         # the engine's own object: weights, vocabulary, and the context that serves the warm requests
         with _extra_bufts(extra_bufts):
             self.llm = lc.Llama(str(file), n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
