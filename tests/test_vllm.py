@@ -110,7 +110,7 @@ def test_chunked_prefill_is_proven_by_its_steps(backend: Any, builder: Any) -> N
 
     b, _ = builder
     rec = CellRecord("x", "bf16", (), (), None, None, "")
-    ids = list(range(3, 3 + 40))
+    ids = [3 + i % 10 for i in range(40)]  # a small vocabulary
     b.request(rec, "chunked(16)", ids[:-1], [ids[-1]], 2, tokens=16)
     assert rec.requests["chunked(16)"]["prefill_chunks"] == [16, 16, 7]
     b.request(rec, "prefill", ids[:-1], [ids[-1]], 2)
@@ -159,12 +159,19 @@ def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest
     assert data["claims"]["bridge_bitexact"]["status"] == "pass", data["claims"]["bridge_bitexact"]["reason"]
 
 
-def test_a_transplant_that_copies_nothing_fails_donor_following(pytester: pytest.Pytester,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+#: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
+DIVERGE = ("from pytest_kvaudit import Faults\n\n"
+           "def diverge(state, path):\n    if path == 'prefill':\n        state.layers[-1].mul_(-2.0)\n\n")
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["transplant", "copies-nothing"])
+def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                               copies: bool) -> None:
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
-    _suite(pytester, "from pytest_kvaudit import Faults\n\n"
-                     "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
-                     "def pytest_kvaudit_faults(config):\n    return Faults(transplant=nothing)\n")
-    res, data = _run(pytester, "--kvaudit-n=8", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
+    transplant = "" if copies else ", transplant=nothing"
+    _suite(pytester, DIVERGE + "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
+                     f"def pytest_kvaudit_faults(config):\n    return Faults(state=diverge{transplant})\n")
+    res, data = _run(pytester, "--kvaudit-n=6", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
     d = data["claims"]["donor_following"]
-    assert d["status"] == "fail" and d["n"] > 0, (d, res.stdout.str()[-2000:])
+    assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
+    assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0

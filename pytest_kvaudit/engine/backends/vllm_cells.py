@@ -187,8 +187,14 @@ class VllmCellBuilder(CellBuilder):
                 raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
         n = len(force)
         state = self.be.read(d.blocks, len(prefix) - 1)
-        cont = self.labelled(rec, d.tokens[n:], vs.fingerprint(state), logits_fp(d.rows[n:]), margins(d.rows[n:]),
-                             list(prefix[len(prompt):]))
+        tokens, rows = d.tokens[n:], d.rows[n:]
+        if self.dec.faults.state is not None:  # a fault on this state: its blocks perturbed, then continued warm
+            before = vs.fingerprint(state)
+            self.dec.faults.state(state, name)
+            if vs.fingerprint(state) != before:
+                d = self.continue_warm(rec, f"{name}:faulted", state, prefix, budget)
+                tokens, rows = d.tokens, d.rows
+        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), list(prefix[len(prompt):]))
         return cont, state
 
     def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], fixed: tuple[int, ...] | None) -> None:
@@ -216,7 +222,7 @@ class VllmCellBuilder(CellBuilder):
         if j is not None:
             c.divergence_text = [self.decode([live[j]]), self.decode([pre[j]])]
 
-    def continue_warm(self, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> tuple[tuple[int, ...], list[float]]:
+    def continue_warm(self, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
         """Write ``state`` into the cached blocks of ``prefix`` and continue warm from them."""
         h = len(prefix) - 1
         seed = self.request(rec, f"{path}:blocks", prefix, (), 1)
@@ -224,7 +230,7 @@ class VllmCellBuilder(CellBuilder):
         d = self.request(rec, path, prefix, (), budget, reset=False)
         if d.cached != h:
             raise KvauditError(f"vllm: {path} reused {d.cached} tokens of the transplanted {h}")
-        return d.tokens, margins(d.rows)
+        return d
 
     def transplants_(self, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int) -> None:
         states = {"live": live, "prefill": prefill}
@@ -237,7 +243,8 @@ class VllmCellBuilder(CellBuilder):
             path = f"transplant:{direction}" if kind == DONOR else (
                 f"transplant:sham:{receiver}" if kind == SHAM else f"transplant:{kind}:{direction}")
             composed = self.transplant_fn(states[receiver], states[donor], layers, "kv")
-            suffix, m = self.continue_warm(rec, path, composed, prefix, budget)
+            d = self.continue_warm(rec, path, composed, prefix, budget)
+            suffix, m = d.tokens, margins(d.rows)
             target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
             rec.transplants.append(Transplant(direction, layers, "kv", suffix, suffix == target, kind, suffix == own,
                                               tuple(round(x, 6) for x in m), self.decode(suffix)))
