@@ -160,7 +160,7 @@ def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest
 
 
 #: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
-DIVERGE = ("from pytest_kvaudit import Faults\n\n"
+DIVERGE = ("from pytest_kvaudit.engine.decoder import Faults\n\n"
            "def diverge(state, path):\n    if path == 'prefill':\n        state.layers[-1].mul_(-2.0)\n\n")
 
 
