@@ -109,9 +109,8 @@ class VllmCellBuilder(CellBuilder):
         prefix, b = rec.prefix, rec.boundary
         assert b is not None
         budget = max_new - b
-        self.warm(rec, prefix, budget, live, live_state)
+        states = {"live": live_state, WARM: self.warm(rec, prefix, budget, live, live_state)}
         self.replica(rec, prompt, rule, b)
-        states = {"live": live_state}
         for name in ("incremental", "prefill", "prefill:replica", *(f"chunked({c})" for c in self.cfg.chunks),
                      f"batched({self.cfg.batch_size})"):
             cont, state = self.forced(rec, name, prompt, prefix, budget)
@@ -151,7 +150,7 @@ class VllmCellBuilder(CellBuilder):
                                                   margins(d.rows[b:]), gen[:b])
         return rec, d, state
 
-    def warm(self, rec: CellRecord, prefix: tuple[int, ...], budget: int, live: Any, live_state: Any) -> None:
+    def warm(self, rec: CellRecord, prefix: tuple[int, ...], budget: int, live: Any, live_state: Any) -> Any:
         """``prefix`` on the blocks the live request left cached; they must be the live request's bits."""
         h = len(prefix) - 1
         if self.dec.faults.state is not None:  # a fault may perturb the cached blocks before the hit
@@ -164,6 +163,7 @@ class VllmCellBuilder(CellBuilder):
         cont = self.labelled(rec, d.tokens, vs.fingerprint(state), logits_fp(d.rows), margins(d.rows),
                              prefix[len(rec.prompt_ids):])
         rec.constructions[WARM] = replace(cont, reused=d.cached)
+        return state
 
     def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
         d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens)
@@ -217,9 +217,9 @@ class VllmCellBuilder(CellBuilder):
         c.drift = [[x.layer, x.keys_max_abs, x.values_max_abs, x.keys_rel, x.values_rel] for x in layers]
         c.differing_layers = [x.layer for x in layers if not x.equal]
         c.identical_layers = [x.layer for x in layers if x.equal]
-        # warm's blocks are the live request's (decode-written); prefill's are written by one prefill
-        c.first_difference = {f"{a}_vs_prefill": vs.first_difference(states[a], states["prefill"])
-                              for a in ("live", "incremental")}
+        # warm's blocks are the live request's, written by decode; cold's (prefill's) by one prefill
+        c.first_difference = {"warm_vs_cold": vs.first_difference(states[WARM], states["prefill"]),
+                              "live_vs_cold": vs.first_difference(states["live"], states["prefill"])}
         live, pre = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
         j = next((i for i, (x, y) in enumerate(zip(live, pre)) if x != y), None)
         if j is not None:
