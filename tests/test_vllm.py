@@ -171,7 +171,7 @@ def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.
     transplant = "" if copies else ", transplant=nothing"
     _suite(pytester, DIVERGE + "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
                      f"def pytest_kvaudit_faults(config):\n    return Faults(state=diverge{transplant})\n")
-    res, data = _run(pytester, "--kvaudit-n=6", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
+    res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
     d = data["claims"]["donor_following"]
     assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
     assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0
