@@ -23,7 +23,7 @@ _BACKENDS: dict[str, str | Callable[..., Backend]] = {
 }
 #: name -> the constructions the engine builds by its own means (:mod:`.engine_constructions`), run in every
 #: cell under that backend after the schedules; known without importing the engine, so a plan can price them
-_CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore"), "vllm": ("warm",)}
+_CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore"), "vllm": ("warm", "batched({batch})")}
 #: name -> the analyses the engine cannot run (``layer_sweep``, ``batch_invariance``): never run, never priced
 _LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"per_layer", "layer_sweep", "batch_invariance"}),
                                      "vllm": frozenset({"layer_sweep", "batch_invariance"})}

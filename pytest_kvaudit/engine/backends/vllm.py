@@ -291,6 +291,11 @@ class VllmBackend:
         return {"layers": len(self.kv_caches), "kv_heads": int(kv.shape[1]), "head_dim": int(kv.shape[-1]) // 2,
                 "parameters": 0, "recurrent": 0}
 
+    def calibrate(self, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:
+        from pytest_kvaudit.engine.backends.vllm_calibrate import calibrate
+
+        return calibrate(self, items, prompts, item_set, cost)
+
     def cell_builder(self, *args: Any, **kw: Any) -> Any:
         from pytest_kvaudit.engine.backends.vllm_cells import VllmCellBuilder
 

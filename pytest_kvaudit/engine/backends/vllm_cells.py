@@ -35,11 +35,13 @@ from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, find_boundary
-from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA
+from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA, constructions
 from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, TOO_LONG, CellRecord, Transplant
 from pytest_kvaudit.engine.state.tensors import digest
 
 WARM = "warm"
+#: the constructions a vLLM cell builds (besides live and warm), as name prefixes
+REQUESTS = ("prefill", "incremental", "chunked(", "batched(")
 
 
 def aligned(prompt_len: int, boundary: int, block: int) -> int:
@@ -111,8 +113,10 @@ class VllmCellBuilder(CellBuilder):
         budget = max_new - b
         states = {"live": live_state, WARM: self.warm(rec, prefix, budget, live, live_state)}
         self.replica(rec, prompt, rule, b)
-        for name in ("incremental", "prefill", "prefill:replica", *(f"chunked({c})" for c in self.cfg.chunks),
-                     f"batched({self.cfg.batch_size})"):
+        for name in (s.name for s in constructions(self.cfg) if s.name != WARM):  # as the plan priced them
+            if not name.startswith(REQUESTS):
+                raise KvauditError(f"--kvaudit-backend=vllm builds {', '.join(REQUESTS)}: a registered schedule "
+                                   f"({name}) is a chunk schedule of forwards, which vLLM cannot run")
             cont, state = self.forced(rec, name, prompt, prefix, budget)
             rec.constructions[name] = cont
             if name == "incremental":  # the bridge: every layer's K/V as the live request wrote them
