@@ -158,6 +158,11 @@ class VllmBackend:
         self.scheduler = internal(core, "scheduler")
         runner = internal(core, "model_executor.driver_worker.worker.model_runner")
         self.kv_caches: list[Any] = list(internal(runner, "kv_caches"))
+        shape = tuple(getattr(self.kv_caches[0], "shape", ())) if self.kv_caches else ()
+        if len(shape) != 4 or shape[2] != BLOCK_SIZE or shape[3] % 2:
+            raise KvauditError(f"{NAME}: the K/V blocks of attention backend {self._attention_backend(runner)} have shape "
+                               f"{shape}, not [blocks, kv_heads, {BLOCK_SIZE}, 2 x head_dim] (CPU_ATTN's, the layout "
+                               "the audit reads per position): not implemented for it")
         self.dtype, self.block_size = dtype, BLOCK_SIZE
         # the ledger keys its environment on this name: the engine, its version and what decides its bits
         self.attn_implementation = (f"vllm {vllm.__version__} {self._attention_backend(runner)} block {BLOCK_SIZE} "
