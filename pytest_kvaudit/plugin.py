@@ -117,7 +117,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    config.stash[SESSION_KEY].collected_claims = seen
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
         from pytest_kvaudit.session import uses_store
 
@@ -218,6 +217,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
+    if sess.controller is not None:  # the workers' selection: the plan and the estimate are for its work
+        sess.adopt(sess.controller.selection)
     if sess.plan_only:
         _plan_only(session, sess)
         return

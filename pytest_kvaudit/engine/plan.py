@@ -22,7 +22,8 @@ calibration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 #: or continued, and a transplant's copy
 CACHES_ALIVE = 4
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+NOT_APPLICABLE = "not applicable"
+#: a claim's further needs at the expected per-item rates (``Claim.strict_needs`` with its thresholds bound)
+StrictFn = Callable[[Mapping[str, float]], Mapping[str, "int | None"]]
 BOUND_WORDS = ("upper bound: every item eligible at every precision, every trajectory generating max_new_tokens, "
                "every item divergent (transplants, layer sweep and controls) up to the donor units")
 
@@ -85,10 +89,11 @@ def expected(prompts: Sequence[int], sample: Mapping[str, Sequence[Lengths]], cf
         n_div = len(div) * scale
         units = min(n_div, max(0.0, donors))
         swept = min(units, max(0.0, sweeps))
-        if units:
+        if units and cfg.computes("transplants"):
             s = sum(x.suffix for x in div) / len(div)
-            n = units * transplants_per_unit(False, n_layers) + swept * (transplants_per_unit(True, n_layers)
-                                                                         - transplants_per_unit(False, n_layers))
+            c = cfg.computes("controls")
+            n = units * transplants_per_unit(False, n_layers, controls=c) + swept * (
+                transplants_per_unit(True, n_layers, controls=c) - transplants_per_unit(False, n_layers, controls=c))
             steps["transplants"] = [round(n), round(n * s), round(n * s)]
         donors, sweeps = donors - units, sweeps - swept
         out[dtype] = steps
@@ -119,8 +124,10 @@ def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batc
                      f"bytes x 2 (K, V) x {alive} caches alive"}
 
 
-def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | None, float | None]]) -> dict[str, Any]:
-    """Set what a claim needs against what the run will have: at most (the bound) and as expected."""
+def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | None, float | None]],
+            inapplicable: str | None = None) -> dict[str, Any]:
+    """Set what a claim needs against what the run will have: at most (the bound) and as expected; a claim
+    that cannot run here (``inapplicable`` says why) decides nothing, whatever the evidence."""
     rows, verdicts = {}, []
     for what, need in needs.items():
         most, exp = have.get(what, (None, None))
@@ -138,7 +145,41 @@ def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | 
         verdicts.append(v)
     order = ("never", "no", "depends on the run", "yes")
     overall = min(verdicts, key=order.index) if verdicts else "yes"
+    if inapplicable is not None:
+        return {"decides": NOT_APPLICABLE, "why": inapplicable, "needs": rows}
     return {"decides": overall, "needs": rows}
+
+
+def strict_n(needs: Mapping[str, float | None], rates: Mapping[str, float],
+             extra: Mapping[str, int | None] = {}, caps: Mapping[str, float] = {}) -> dict[str, Any]:
+    """The least ``--kvaudit-n`` at which a claim can decide (what ``--kvaudit-strict`` needs of it): for each
+    count it needs (:meth:`Claim.least_evidence`), that count over what one item of the set yields of it at
+    the expected ``rates`` (eligible units per item, divergent units per item...), and the claim's own
+    further needs (``extra``: a confidence interval's width). None where no n gets there at these rates or
+    above a cap whatever n (``caps``: the donor units); a need that is a share (``label_rate``) does not grow
+    with n and is left to ``decides``."""
+    by: dict[str, int | None] = {}
+    for what, need in needs.items():
+        if what not in rates:
+            continue
+        if need is None or rates[what] <= 0 or need > caps.get(what, math.inf):
+            by[what] = None
+        else:
+            by[what] = max(1, math.ceil(need / rates[what] - 1e-9))
+    by.update(extra)
+    n = None if any(v is None for v in by.values()) else max((v for v in by.values() if v is not None), default=0)
+    return {"n": n, "by": by}
+
+
+def rates(cfg: AuditConfig, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, float]:
+    """What one item of the set yields of each kind of evidence: the sample's rates where there is a sample
+    (else the bound's, every item eligible and divergent), without the donor cap (:func:`strict_n` applies it);
+    ``divergent_rate_max`` is the highest divergent-suffix rate of a precision."""
+    have = evidence(cfg.replace(donor_max_units=10**9), 1, sample)
+    out = {w: float(exp if exp is not None else most) for w, (most, exp) in have.items() if most is not None}
+    div = [sum(x.divergent for x in rows) / len(rows) for rows in sample.values() if rows]
+    out["divergent_rate_max"] = max(div) if div else 1.0
+    return out
 
 
 def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
@@ -173,10 +214,12 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
 
 
 def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], ledger: Path | None,
-              workers: int = 1, sample: int = SAMPLE) -> dict[str, Any]:
+              workers: int = 1, sample: int = SAMPLE, inapplicable: Mapping[str, str | None] = {},
+              strict: Mapping[str, StrictFn] = {}) -> dict[str, Any]:
     """The plan of ``store``'s run over its whole item set (every shard), after a short calibration: ``least``
     is what each selected claim needs to decide (``Claim.least_evidence``), ``ledger`` the recorded ledger of
-    this model, if any, whose lengths predict the run."""
+    this model, if any, whose lengths predict the run; ``inapplicable`` why a claim cannot run here, and
+    ``strict`` each claim's further needs at given rates (:meth:`Claim.strict_needs`), for its strict n."""
     from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
     from pytest_kvaudit.engine.environment import environment
 
@@ -233,7 +276,11 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     have = evidence(cfg, len(prompts), lens)
-    verdicts = {name: decides(needs, have) for name, needs in least.items()}
+    per_item = rates(cfg, lens)
+    verdicts = {name: {**decides(needs, have, inapplicable.get(name)),
+                       "strict": strict_n(needs, per_item, strict[name](per_item) if name in strict else {},
+                                          {"divergent_units_per_direction": cfg.donor_max_units})}
+                for name, needs in least.items()}
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),
         "max_new_tokens": m, "workers": workers, "model": shape,
@@ -256,4 +303,5 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
         "claims": verdicts,
+        "work": None if cfg.work is None else list(cfg.work),
     }
