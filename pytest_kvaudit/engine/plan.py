@@ -290,7 +290,7 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
                           "forward_tokens_predicted": None if predicted is None else
                           predicted.get(d, {}).get(k, [0, 0, 0])[2]}
                       for k, a in steps.items()} for d, steps in most.items()},
-        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS,
+        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS if cfg.computes("transplants") else BOUND_WORDS.split(", every item divergent")[0],
         "forward_calls_expected": calls_e if sample else None, "forward_tokens_expected": tokens_e if sample else None,
         "expected_basis": f"the lengths, eligibility and divergence of the first {sample} items at each precision, "
                           f"scaled to {len(prompts)} items",

@@ -176,7 +176,8 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
     st = c.get("strict") or {}
     if c.get("decides") in ("not applicable", "not declared") or not st.get("by"):
         return []
-    by = ", ".join(f"{w} {'never' if v is None else v}" for w, v in st["by"].items())
+    need = {w: r.get("needs") for w, r in (c.get("needs") or {}).items()}
+    by = ", ".join(f"{w}{f' {need[w]}' if w in need else ''} -> {'never' if v is None else v}" for w, v in st["by"].items())
     if st.get("n") is None:
         return [f"{'':<22} strict n: none reaches it at these rates ({by}): --kvaudit-strict fails it"]
     warn = f"; WARNING: this run has n={items}, --kvaudit-strict fails it" if items < st["n"] else ""
