@@ -12,8 +12,8 @@ import pytest
 from pytest_kvaudit.claims import Claim, least_units
 from pytest_kvaudit.claims.stats import least_units_for_upper, paired_bootstrap_ci, paired_units_for_margin
 from pytest_kvaudit.engine.config import AuditConfig
+from pytest_kvaudit.engine.evidence import NOT_APPLICABLE, decides, rates, strict_n
 from pytest_kvaudit.engine.pipeline import computes, constructions, work_of
-from pytest_kvaudit.engine.plan import NOT_APPLICABLE, decides, rates, strict_n
 from test_plugin import run
 
 LIVE_VS_PREFILL = '''
