@@ -14,7 +14,7 @@ from pytest_kvaudit.claims.stats import least_units_for_upper, paired_bootstrap_
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.evidence import NOT_APPLICABLE, decides, rates, strict_n
 from pytest_kvaudit.engine.pipeline import computes, constructions, work_of
-from test_plugin import run
+from test_plugin import run, setup_suite
 
 LIVE_VS_PREFILL = '''
 import pytest
@@ -62,6 +62,22 @@ def test_a_claim_that_declares_nothing_gets_everything() -> None:
     from pytest_kvaudit.claims.needs import everything
 
     assert everything([Old()], [])
+
+
+def test_a_need_that_names_nothing_the_run_computes_is_an_error() -> None:
+    from pytest_kvaudit.claims import registered
+    from pytest_kvaudit.claims.needs import builtin, work
+    from pytest_kvaudit.engine.errors import KvauditError
+
+    builtins = [c for c in registered() if builtin(c)]
+
+    class Chunked8(Claim):
+        name = "chunked8"
+        needs = ("trajectory", "chunked(8)")
+
+    with pytest.raises(KvauditError, match=r"claim chunked8 needs 'chunked\(8\)', which this run does not compute"):
+        work([Chunked8()], AuditConfig(), builtins)
+    assert work([Chunked8()], AuditConfig(chunks=(8,)), builtins) == ("chunked(8)", "prefill", "trajectory")
 
 
 def test_a_claim_needing_what_its_backend_lacks_is_not_applicable() -> None:
@@ -144,3 +160,11 @@ def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: 
                               "*strict n: 6 items (items_x_precisions 12 -> 6)",
                               "lossy_cache_budget*decides: not applicable*",
                               "live_prefill_labels*decides:*"])
+
+
+def test_k_deselection_narrows_the_work(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    setup_suite(pytester)
+    res, data = run(pytester, tiny_llama, "-k", "matched")
+    assert res.ret == 0, res.stdout.str()[-3000:]
+    assert data["plan"]["work"] == ["prefill", "trajectory"] and list(data["claims"]) == ["matched_construction"]
+    assert data["cost"]["forward_tokens"] == data["cost"]["minimal_forward_tokens"]
