@@ -147,13 +147,16 @@ def test_the_ledger_audit_alone_computes_less_than_every_claim(pytester: pytest.
 
 def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: pytest.Pytester,
                                                                      tiny_llama: Path) -> None:
-    pytester.makepyfile(test_live_prefill=LIVE_VS_PREFILL)
+    pytester.makepyfile(test_live_prefill=LIVE_VS_PREFILL,
+                        test_plain="def test_plain(kvaudit_records):\n    assert kvaudit_records\n")
     res, _ = run(pytester, tiny_llama, "--kvaudit-plan", "--kvaudit-claims=all")
     assert res.ret == 0, res.stdout.str()[-3000:]
     plan = json.loads((pytester.path / "report.json").read_text())["plan"]
     claims = plan["claims"]
     assert claims["live_prefill_labels"]["reads"] == ["trajectory", "prefill"]
     assert claims["lossy_cache_budget"]["decides"] == NOT_APPLICABLE  # no lossy --kvaudit-cache kind
+    # a test that reads the store without a Claim class: a row too, and it gets everything
+    assert claims["test_plain"]["decides"] == "not declared" and plan["work"] is None
     fixed = claims["fixed_prefix_2x2"]["strict"]
     assert fixed["by"]["units_per_high_precision"] >= least_units_for_upper(0.02)  # over the eligibility rate
     res.stdout.fnmatch_lines(["*strict n: 20 items (eligible_items_per_precision 20 -> 20, *); WARNING: this run has n=8*",
