@@ -60,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
     sess.selection = opt.claim_selection(config)
+    sess.analyses = opt.analyses_selection(config)  # checked here, before any worker starts
     sess.plan_only = opt.flag(config, opt.PLAN)
     topo = sess.topology
     topo.shard, topo.partials, topo.merge = opt.shards(config)

@@ -35,6 +35,7 @@ class KvauditSession:
     baseline: str | None = None
     strict: bool = False  # --kvaudit-strict: inconclusive is a failure
     selection: tuple[str, ...] | None = None  # --kvaudit-claims: None, ("all",), () or names
+    analyses: tuple[str, ...] = ()  # --kvaudit-analyses: computed whatever the claims
     store: Store | None = None
     error: str | None = None
     claims: dict[str, ClaimResult] = field(default_factory=dict)
@@ -120,7 +121,6 @@ class KvauditSession:
         every process and every runner's shard computes the same cells and the plan prices only those."""
         from pytest_kvaudit.claims import registered
         from pytest_kvaudit.claims.needs import builtin, work
-        from pytest_kvaudit.options import analyses_selection
 
         known = {c.name for c in registered()}
         readers = [i for i in items if uses_store(i)]
@@ -129,8 +129,8 @@ class KvauditSession:
         self.collected_claims = set(marked.values())
         self.undeclared = [i.name for i in readers if i.nodeid not in marked]
         if readers:
-            asked = analyses_selection(self.pytest_config)
-            self.config = self.config.replace(work=work(self.selected(), self.config, filter(builtin, registered()), asked))
+            every = filter(builtin, registered())
+            self.config = self.config.replace(work=work(self.selected(), self.config, every, self.analyses))
         out = getattr(self.pytest_config, "workeroutput", None)
         if out is not None:  # the controller prices the plan and recalls its estimate with the workers' selection
             out[SELECTION_KEY] = {"claims": sorted(self.collected_claims), "undeclared": self.undeclared,
