@@ -75,7 +75,7 @@ class Judge:
         if claim is not None and self.session.wants_sections:
             from pytest_kvaudit.run_report import run_info
 
-            run = self.session.run_info or run_info(self.store, self.session.config)
+            run = self.session.run_info or run_info(self.store, self.session.config, self.session.selected())
             display["html"] = claim.html(result.to_dict(), run)
         verdicts.record(self.session, result, display, self.node)
         gate = self.session.gate

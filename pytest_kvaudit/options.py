@@ -52,6 +52,7 @@ HTML = "--kvaudit-html"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 STRICT = "--kvaudit-strict"
 CLAIMS = "--kvaudit-claims"
+ANALYSES = "--kvaudit-analyses"
 CACHE = "--kvaudit-cache"
 PLAN = "--kvaudit-plan"
 SHARD = "--kvaudit-shard"
@@ -85,6 +86,8 @@ VALUE_OPTIONS: dict[str, str] = {
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",
+    ANALYSES: ("layer_sweep, batch_invariance or all: run these analyses whatever the claims selected (default: those "
+               "the selected claims quote; every one when every built-in claim runs)"),
     CACHE: ("cache kinds: dynamic,static also audits transformers' StaticCache as axis rows; offloaded (CUDA) and "
             "lossy quantized:quanto-int4, quanto-int2, hqq-int4 or fp8 go to the lossy-cache claim (default: dynamic)"),
     SHARD: "I/N: compute only shard I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
@@ -252,4 +255,19 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
     if unknown:
         raise pytest.UsageError(f"{CLAIMS}: unknown claim {', '.join(map(repr, unknown))}; built-in claims are "
                                 f"{', '.join(known)} (or all, or none to run only your own)")
+    return names
+
+
+def analyses_selection(config: pytest.Config) -> tuple[str, ...]:
+    """--kvaudit-analyses: the analyses a run computes whatever its claims (``all``: every one)."""
+    from pytest_kvaudit.engine.pipeline import ANALYSES as KNOWN
+
+    v = value(config, ANALYSES)
+    names = tuple(n.strip() for n in (v or "").split(",") if n.strip())
+    if names == ("all",):
+        return KNOWN
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        raise pytest.UsageError(f"{ANALYSES}: unknown analysis {', '.join(map(repr, unknown))}; use "
+                                f"{', '.join(KNOWN)} or all")
     return names

@@ -60,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
     sess.selection = opt.claim_selection(config)
+    sess.analyses = opt.analyses_selection(config)  # checked here, before any worker starts
     sess.plan_only = opt.flag(config, opt.PLAN)
     topo = sess.topology
     topo.shard, topo.partials, topo.merge = opt.shards(config)
@@ -118,7 +119,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    config.stash[SESSION_KEY].collected_claims = seen
     gate.add_item(session, items, config.stash[SESSION_KEY])
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
         from pytest_kvaudit.session import uses_store
@@ -221,6 +221,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
+    if sess.controller is not None:  # the workers' selection: the plan and the estimate are for its work
+        sess.adopt(sess.controller.selection)
     if sess.plan_only:
         _plan_only(session, sess)
         return

@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pytest_kvaudit.claims.base import Claim
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.store import Store
     from pytest_kvaudit.session import KvauditSession
@@ -72,8 +75,9 @@ def identity(sess: KvauditSession, strict: bool = False) -> dict[str, Any]:
     return sess.identity
 
 
-def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
-    """What the report needs from the store, as plain data (shipped once to the controller)."""
+def run_info(store: Store, config: AuditConfig, claims: Sequence[Claim] | None = None) -> dict[str, Any]:
+    """What the report needs from the store, as plain data (shipped once to the controller); ``claims``: the
+    run's selected claims (:meth:`.session.KvauditSession.selected`; default every registered one)."""
     from pytest_kvaudit.claims import registered
     from pytest_kvaudit.claims.analyses import build as analyses
     from pytest_kvaudit.claims.needs import minimal_tokens
@@ -81,9 +85,9 @@ def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:
     from pytest_kvaudit.engine.pricing import price
     from pytest_kvaudit.report.document import items_block
 
-    # the least work is what every registered claim needs, whichever this run selected: the overhead figure
-    # must not move with -k
-    minimal = sum(minimal_tokens(registered(), list(store.records.values()), store.cfg).values())
+    # the least work is what the claims this run selected need (they decide what it computes, cfg.work)
+    minimal = sum(minimal_tokens(registered() if claims is None else claims, list(store.records.values()),
+                                 store.cfg).values())
     return {
         "analyses": analyses(list(store.records.values()), config.sweep_units),
         "model": store.identity,

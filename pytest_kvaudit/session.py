@@ -14,8 +14,11 @@ from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
 
+#: where an xdist worker ships its selection to the controller (``workeroutput``)
+SELECTION_KEY = "kvaudit_selection"
+
 if TYPE_CHECKING:
-    from pytest_kvaudit.claims.base import ClaimResult
+    from pytest_kvaudit.claims.base import Claim, ClaimResult
     from pytest_kvaudit.dist.lifecycle import Lifecycle
     from pytest_kvaudit.engine.store import Store
 
@@ -32,6 +35,7 @@ class KvauditSession:
     baseline: str | None = None
     strict: bool = False  # --kvaudit-strict: inconclusive is a failure
     selection: tuple[str, ...] | None = None  # --kvaudit-claims: None, ("all",), () or names
+    analyses: tuple[str, ...] = ()  # --kvaudit-analyses: computed whatever the claims
     store: Store | None = None
     error: str | None = None
     claims: dict[str, ClaimResult] = field(default_factory=dict)
@@ -52,6 +56,7 @@ class KvauditSession:
     gate: Any = None  # the baseline gate (:class:`pytest_kvaudit.gate.Gate`), read at configure
     gate_result: dict[str, Any] | None = None  # what the kvaudit::baseline test found (from whichever process ran it)
     identity: dict[str, Any] | None = None  # the run's model shape, items and settings (:mod:`.engine.baseline`)
+    undeclared: list[str] = field(default_factory=list)  # tests that read the store without a registered claim
     interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
     _lifecycle: Lifecycle | None = field(default=None, repr=False)
 
@@ -89,6 +94,8 @@ class KvauditSession:
             try:
                 self.store = self.lifecycle.obtain(self.make_plan, printer(self.pytest_config))
                 self.config = self.lifecycle.config  # a merge runs the partials' plan
+                if self.store is not None:
+                    self._check_covered(self.store.cfg)
             except KvauditError as exc:
                 self.error = str(exc)
         if self.error is not None:
@@ -100,18 +107,77 @@ class KvauditSession:
         assert self.store is not None
         return self.store
 
-    def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
-        """The run's plan over the whole item set (:mod:`.engine.plan`), for the claims this run selects: what
-        each needs to decide, and the lengths of a run a claim recorded (a ledger), if any."""
-        from pytest_kvaudit.claims import least_units, registered
-        from pytest_kvaudit.engine.plan import make_plan
+    # -- what the run selects: its claims decide what the store computes ------------------------------
+    def selected(self) -> list[Claim]:
+        """The registered claims this run judges (collected, after ``-k`` and ``--kvaudit-claims``), and a
+        claim that declares nothing for each test that reads the store without one (it gets everything)."""
+        from pytest_kvaudit.claims import Claim, registered
 
         sel, got = self.selection, self.collected_claims
         claims = [c for c in registered() if (c.name in got if got is not None else
                                               sel in (None, ("all",), ()) or c.name in (sel or ()))]
+        return claims + [Claim() for _ in self.undeclared]
+
+    def select(self, items: list[pytest.Item]) -> None:
+        """After collection (on each xdist worker alike, whose collections xdist checks are equal): the claims
+        the run's tests judge, and the work they need into the run's config (``AuditConfig.work``), so that
+        every process and every runner's shard computes the same cells and the plan prices only those."""
+        from pytest_kvaudit.claims import registered
+        from pytest_kvaudit.claims.needs import builtin, work
+
+        known = {c.name for c in registered()}
+        readers = [i for i in items if uses_store(i)]
+        marked = {i.nodeid: n for i in readers if (m := i.get_closest_marker("kvaudit_claim")) and m.args
+                  and (n := str(m.args[0])) in known}
+        self.collected_claims = set(marked.values())
+        self.undeclared = [i.name for i in readers if i.nodeid not in marked]
+        if readers:
+            every = filter(builtin, registered())
+            self.config = self.config.replace(work=work(self.selected(), self.config, every, self.analyses))
+        out = getattr(self.pytest_config, "workeroutput", None)
+        if out is not None:  # the controller prices the plan and recalls its estimate with the workers' selection
+            out[SELECTION_KEY] = {"claims": sorted(self.collected_claims), "undeclared": self.undeclared,
+                                  "work": None if self.config.work is None else list(self.config.work)}
+
+    def adopt(self, shipped: dict[str, Any] | None) -> None:
+        """On the xdist controller, which collects nothing: the selection a worker made (:meth:`select`)."""
+        if shipped is None or self.collected_claims is not None:
+            return
+        self.collected_claims, self.undeclared = set(shipped["claims"]), list(shipped["undeclared"])
+        self.config = self.config.replace(work=None if shipped["work"] is None else tuple(shipped["work"]))
+
+    def _check_covered(self, cfg: AuditConfig) -> None:
+        """A merge judges what its shards computed: a selected claim whose needs they did not compute is an error."""
+        from pytest_kvaudit.engine.pipeline import computes
+
+        for c in self.selected():
+            lacking = [n for n in (c.needs or ("everything",)) if cfg.work is not None and not computes(cfg.work, n)]
+            if lacking:
+                raise KvauditError(f"claim {getattr(c, 'name', 'of a test reading the store')} needs {', '.join(lacking)}, which the "
+                                   f"run it judges did not compute (it computed {', '.join(cfg.work or ())}): give "
+                                   "the shards the same --kvaudit-claims, -k and test paths as the merge")
+
+    def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
+        """The run's plan over the whole item set (:mod:`.engine.plan`), for the claims this run selects: what
+        each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
+        run a claim recorded (a ledger), if any. A test that reads the store without a claim gets a row too."""
+        from functools import partial
+
+        from pytest_kvaudit.claims import least_units, registered
+        from pytest_kvaudit.engine.plan import make_plan
+
+        claims = [c for c in self.selected() if hasattr(c, "name")]
+        th = {c.name: c.resolve(store.cfg, self.thresholds.get(c.name, {})) for c in claims}
         least = {c.name: least_units(c, self.thresholds.get(c.name, {}), store.cfg) for c in claims}
         ledger = next((p for c in registered() if (p := c.recorded_run(store.cfg)) is not None), None)
-        return make_plan(store, least, ledger, workers, sample)
+        plan = make_plan(store, least, ledger, workers, sample, {c.name: c.applicable(store.cfg) for c in claims},
+                         {c.name: partial(c.strict_needs, th[c.name]) for c in claims})
+        for c in claims:
+            plan["claims"][c.name]["reads"] = "everything" if c.needs is None else list(c.needs)
+        for name in self.undeclared:
+            plan["claims"][name] = {"decides": "not declared", "needs": {}, "strict": {"n": None, "by": {}},
+                                    "reads": "everything (a test reading the store, no Claim class)"}
+        return plan
 
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
@@ -129,6 +195,15 @@ class KvauditSession:
             from pytest_kvaudit.report.document import write
 
             write({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}, self.report_path)
+
+    @pytest.hookimpl
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        try:
+            self.select(session.items)
+        except KvauditError as exc:
+            if not hasattr(self.pytest_config, "workerinput"):
+                raise pytest.UsageError(str(exc)) from None
+            self.error = str(exc)  # a worker cannot stop the run with a usage error: every claim fails with it
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:

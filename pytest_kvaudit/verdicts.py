@@ -26,7 +26,7 @@ def record(sess: KvauditSession, result: ClaimResult, display: dict[str, Any], n
     if sess.store is not None and not sess.run_info:
         from pytest_kvaudit.run_report import run_info
 
-        sess.run_info = run_info(sess.store, sess.config)
+        sess.run_info = run_info(sess.store, sess.config, sess.selected())
     if sess.run_info:
         node.user_properties.append((RUN_PROP, json.dumps(sess.run_info, default=list)))
 

@@ -32,6 +32,8 @@ class XdistController:
         self.progress: WorkerProgress | None = None
         self.workers = 0  # xdist's worker count, known once the first node is configured
         self.stop: StopFlag | None = None  # the run's stop flag (:mod:`.interrupts`)
+        #: the claims a worker selected and the work they need (the controller collects nothing itself)
+        self.selection: dict[str, Any] | None = None
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -53,6 +55,9 @@ class XdistController:
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         wid = str(node.workerinput.get("workerid", ""))
+        from pytest_kvaudit.session import SELECTION_KEY
+
+        self.selection = self.selection or (getattr(node, "workeroutput", None) or {}).get(SELECTION_KEY)
         interrupted = (getattr(node, "workeroutput", None) or {}).get("exitstatus") == pytest.ExitCode.INTERRUPTED
         if error is None and interrupted and self.stop is not None and self.stop.trip():
             # a worker was interrupted (a signal to it alone, or the run's stop flag): so is the run. Raised here,

@@ -49,6 +49,7 @@ USAGE_CASES: list[tuple[list[str], str]] = [
     (["--kvaudit-model="], "ERROR: --kvaudit-model is empty: give a value*or leave the flag out"),
     (["--kvaudit-report=  "], "ERROR: --kvaudit-report is empty*"),
     (["--kvaudit-chunks=0"], "ERROR: --kvaudit-chunks: chunk sizes must be positive*"),
+    (["--kvaudit-analyses=sweep"], "ERROR: --kvaudit-analyses: unknown analysis 'sweep'; use layer_sweep, batch_invariance or all"),
 ]
 
 

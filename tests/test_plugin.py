@@ -103,8 +103,9 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
     # an answer changes only where the suffix does, and a changed label needs a changed answer
     assert all(m["label_disagreements"][d] <= m["answer_changes"][d] <= m["divergent_suffixes"][d] for d in m["n"])
     assert set(data["claims"]["fixed_prefix_2x2"]["figures"]["disagreements"]) == {"bf16", "fp32"}
-    # the least the claims need is priced apart from what ran: the sweep and the probes are beyond it
-    assert data["cost"]["forward_tokens"] > data["cost"]["minimal_forward_tokens"] > 0
+    # the least the selected claims need is priced apart from what ran: they decide what runs (no batch probe,
+    # no ledger_audit here), so only the layer sweep donor_following quotes, on divergent units, is beyond it
+    assert data["cost"]["forward_tokens"] >= data["cost"]["minimal_forward_tokens"] > 0
     res.stdout.fnmatch_lines(["*kvaudit claims*", "claim*verdict*n*k*statistic*interval*key figure",
                               "replica_exactness*PASS*32*32*Wilson 95% CI of k/n*", "bridge_bitexact*PASS*"])
     assert "Infinity" not in (pytester.path / "report.json").read_text()  # JSON numbers stay finite or null

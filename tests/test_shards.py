@@ -180,3 +180,14 @@ def test_a_merge_of_an_empty_folder_says_how_to_make_partials(tmp_path: Path) ->
     res = pytest_run(root, f"--kvaudit-merge={tmp_path / 'suite'}")
     assert res.returncode != 0
     assert "no partial-I-of-N.json under it: run each shard with --kvaudit-shard=I/N" in res.stdout
+
+
+def test_a_merge_refuses_a_claim_its_shards_did_not_compute(runs: Runs) -> None:
+    folder = copy_partials(runs, "narrow")
+    for f in folder.glob("partial-*.json"):  # shards run with only a claim that reads live vs prefill
+        doc = json.loads(f.read_text())
+        doc["plan"]["work"] = ["prefill", "trajectory"]
+        f.write_text(json.dumps(doc))
+    res, _ = merge(runs, folder)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "claim replica_exactness needs replicas, which the run it judges did not compute" in res.stdout

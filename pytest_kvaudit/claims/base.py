@@ -115,18 +115,35 @@ class Claim:
     #: names of keyword inputs the claim's test passes to ``kvaudit_judge.claim`` (e.g. ``snapshot``)
     inputs: ClassVar[tuple[str, ...]] = ()
     #: what the engine must compute for this claim: groups of the cell's steps (:data:`.pipeline.GROUPS`:
-    #: trajectory, replicas, constructions, fixed, transplants, controls), priced on :meth:`units`. The run
-    #: computes more (the layer sweep, the probes); the union of the claims' needs is the least work, the
-    #: denominator of the run's overhead figure.
-    needs: ClassVar[tuple[str, ...]] = ()
+    #: trajectory, replicas, constructions, fixed, transplants, controls) or one construction by name
+    #: (``prefill``, ``incremental``, ``chunked(4)``), priced on :meth:`units`; also an analysis it reads
+    #: (``layer_sweep``, ``batch_invariance``: never priced) or ``per_layer`` (per-layer K/V, which a backend
+    #: may lack). A run
+    #: that selects claims computes what their needs name and nothing else (the trajectory and the prefill
+    #: always); the union of the selected claims' needs is the least work, the denominator of the run's
+    #: overhead figure. None (the default): the claim did not say, so it gets everything.
+    needs: ClassVar[tuple[str, ...] | None] = None
+    #: analyses the claim's figures quote beside its verdict (donor_following: the layer sweep), computed when
+    #: the claim is selected and the backend can, never counted in its least work
+    analyses: ClassVar[tuple[str, ...]] = ()
     #: an exactness claim: bit-identical or not. Such a claim never judges a lossy cache kind (a quantized
     #: cache is lossy by design); its result says which kinds it left to their budget (:func:`lossy_note`)
     exact: ClassVar[bool] = False
 
     def applicable(self, config: AuditConfig) -> str | None:
         """Why this claim has nothing to judge in a run of ``config`` (its test skips, saying so, before any
-        verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies."""
-        return None
+        verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies. By
+        default: a need the run's backend lacks (the llama.cpp backend has no per-layer K/V to sweep)."""
+        from pytest_kvaudit.engine.pipeline import lacked
+
+        missing = lacked(config.backend, self.needs or ())
+        return f"the {config.backend} backend cannot compute {', '.join(missing)}" if missing else None
+
+    def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
+        """Items (``--kvaudit-n``) the claim needs to decide beyond its least-evidence counts, at the rates a
+        plan expects per item (``divergent_rate_max``...): none by default (:func:`.engine.plan.strict_n`
+        turns the counts of :meth:`least_evidence` into items itself)."""
+        return {}
 
     def recorded_run(self, config: AuditConfig) -> Path | None:
         """A file in which an earlier run of this model recorded its lengths (a ledger), for the plan to price

@@ -26,7 +26,7 @@ from pytest_kvaudit.engine.backends import lacks
 class BridgeBitexact(Claim):
     name = "bridge_bitexact"
     exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
-    needs = ("trajectory", "constructions")
+    needs = ("trajectory", "incremental")
     order = 40
     title = "Bridge: incremental vs live"
     thresholds = {"min_units": Threshold(12, "least eligible items compared", "items x precisions")}

@@ -51,6 +51,7 @@ class DonorFollowing(Claim):
 
     name = "donor_following"
     needs = ("transplants", "controls")
+    analyses = ("layer_sweep",)  # its figures quote the layer sweep (sufficient_subsets, swept_units)
     order = 60
     title = "Transplant: all-layer K/V, both directions"
     thresholds = {

@@ -53,7 +53,7 @@ class FixedPrefix2x2(Claim):
 
     name = "fixed_prefix_2x2"
     exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
-    needs = ("trajectory", "constructions", "fixed")
+    needs = ("trajectory", "prefill", "fixed")
     order = 30
     title = "Fixed-prefix 2x2"
     thresholds = {

@@ -29,7 +29,8 @@ def default_path(snapshots: str | None, model: str) -> Path:
 class LedgerAudit(Claim):
     name = "ledger_audit"
     exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
-    needs = ("trajectory", "constructions", "fixed")
+    # the ledger holds every construction, the replicas, the 2x2's cells and the donors' all-layer transplants
+    needs = ("trajectory", "replicas", "constructions", "fixed", "transplants")
     order = 50
     title = "Ledger audit"
     thresholds = {"min_units": Threshold(1, "least units both recorded and run", "units")}

@@ -53,7 +53,7 @@ def mean(xs: list[float]) -> float | None:
 @register
 class LossyCacheBudget(Claim):
     name = "lossy_cache_budget"
-    needs = ("trajectory", "constructions")
+    needs = ("trajectory", "prefill")  # and the lossy cache probes, which --kvaudit-cache asks for
     order = 70
     title = "Lossy caches: label changes within a budget"
     thresholds = {"budget": Threshold(0.10, "largest label-change rate a lossy cache may cause (95% Wilson upper "

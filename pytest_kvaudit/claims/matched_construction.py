@@ -21,7 +21,7 @@ from pytest_kvaudit.claims.base import (
     register,
 )
 from pytest_kvaudit.claims.htmlkit import section, table
-from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci
+from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -38,7 +38,7 @@ def _iv(iv: Any) -> str:
 class MatchedConstruction(Claim):
     name = "matched_construction"
     exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
-    needs = ("trajectory", "constructions")
+    needs = ("trajectory", "prefill")
     order = 20
     title = "Matched experiment: live vs prefill of identical ids"
     thresholds = {
@@ -59,6 +59,14 @@ class MatchedConstruction(Claim):
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"eligible_items_per_precision": int(thresholds["min_units"]),
                 "label_rate": float(thresholds["min_label_rate"])}
+
+    def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
+        """To pass, the accuracy difference's CI must lie within ±margin at every precision: at most the
+        precisions' highest divergent-suffix rate of pairs can disagree on their label, so the items (eligible
+        ones, over the eligibility rate) that CI's width needs at that discordance."""
+        need = paired_units_for_margin(thresholds["margin"], rates.get("divergent_rate_max", 1.0), thresholds["confidence"])
+        eligible = rates.get("eligible_items_per_precision", 1.0)
+        return {"accuracy_ci_within_margin": None if need is None or eligible <= 0 else math.ceil(need / eligible - 1e-9)}
 
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures

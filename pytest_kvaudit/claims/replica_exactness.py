@@ -30,7 +30,7 @@ from pytest_kvaudit.claims.base import (
 class ReplicaExactness(Claim):
     name = "replica_exactness"
     exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
-    needs = ("trajectory", "constructions", "replicas")
+    needs = ("trajectory", "prefill", "replicas")
     order = 10
     title = "Replicas: the same cell computed twice"
     thresholds = {"min_units": Threshold(12, "least replica pairs compared", "replica pairs")}

@@ -7,6 +7,7 @@ percentile-bootstrap 95% CI of (-0.035, +0.055) for the accuracy difference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,6 +46,19 @@ def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95,
         mid = (n + hi) // 2
         n, hi = (mid, hi) if wilson_interval(k, mid, confidence)[1] > max_rate else (n, mid)
     return hi
+
+
+def paired_units_for_margin(margin: float, discordance: float, confidence: float = 0.95) -> int | None:
+    """The least n of paired 0/1 outcomes at which the accuracy difference's CI lies within ``±margin``, when a
+    share ``discordance`` of pairs disagree (half each way, the difference 0): the normal approximation to the
+    paired bootstrap's half-width, z sqrt(discordance / n), which the bootstrap tracks at these n. 1 when no pair
+    disagrees (the interval is a point); None for a margin of 0 that some disagreement can never meet."""
+    if discordance <= 0:
+        return 1
+    if margin <= 0:
+        return None
+    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    return max(1, math.ceil(z * z * discordance / (margin * margin) - 1e-9))
 
 
 def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -106,21 +106,23 @@ class CellBuilder:
             # positions past the model's limit: no forward at all
             return CellRecord(item.id, dtype, prompt, (), None, TOO_LONG, item.answer), None
         rec, tr = self.trajectory(item, dtype, prompt, rule)
-        primary = dtype == self.cfg.primary_dtype
+        primary, cfg = dtype == self.cfg.primary_dtype, self.cfg
         if tr.reason is not None:
             # the 2x2 judges every precision on the first one's prefix ids, whatever this trajectory did
-            if not primary:
+            if not primary and cfg.computes("fixed"):
                 self.fixed_prefix(rec, prompt, fixed_prefix)
             return rec, None
         live_state, last = tr.state, tr.prefix[-1]
         head = list(tr.prefix[:-1])
         budget = self.item_set.max_new_tokens - tr.boundary  # type: ignore[operator]
-        self.replica(rec, prompt, rule, tr.boundary)
+        if cfg.computes("replicas"):  # each step below runs when a selected claim reads it (cfg.work)
+            self.replica(rec, prompt, rule, tr.boundary)
         prefill_state = self.constructions(rec, prompt, head, last, budget, live_state)
-        # the first precision's own prefix fixes the 2x2's ids for every precision
-        self.fixed_prefix(rec, prompt, tr.prefix if primary else fixed_prefix)
+        if cfg.computes("fixed"):  # the first precision's own prefix fixes the 2x2's ids for every precision
+            self.fixed_prefix(rec, prompt, tr.prefix if primary else fixed_prefix)
         self.anatomy(rec, live_state, prefill_state)
-        if rec.unsupported is None and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix:
+        if (cfg.computes("transplants") and rec.unsupported is None
+                and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix):
             donors, sweep = grant()
             if donors:  # a backend that keeps its state whole has no layers to sweep
                 self.transplants(rec, live_state, prefill_state, last, budget, sweep and getattr(self.dec.backend, "per_layer", True))
@@ -215,4 +217,4 @@ class CellBuilder:
 
     def transplants(self, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                     sweep: bool) -> None:
-        transplants(self, rec, live_state, prefill_state, last, budget, sweep)
+        transplants(self, rec, live_state, prefill_state, last, budget, sweep, self.cfg.computes("controls"))

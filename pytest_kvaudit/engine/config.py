@@ -173,7 +173,7 @@ class BoundaryRule:
 
 #: AuditConfig fields that decide what is computed, beside the model and the item set
 WORK_FIELDS = ("backend", "n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
-               "batch_units", "tf32", "device_map", "chat_template", "threads")
+               "batch_units", "tf32", "device_map", "chat_template", "threads", "work")
 
 
 @dataclass(frozen=True)
@@ -206,15 +206,25 @@ class AuditConfig:
     threads: int | None = None
     snapshots: str | None = None  # folder of recorded ledgers (default: snapshots/ under the rootdir)
     ledger_tokens_only: bool = False  # audit ledgers on token-level fields only (a cross-machine audit)
+    #: what the selected claims need (:func:`.pipeline.work_of`): None computes everything (every built-in claim,
+    #: or a test that reads the store without declaring what it reads)
+    work: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         from pytest_kvaudit.engine.backends import lacks
+        from pytest_kvaudit.engine.pipeline import computes
 
         # what the backend cannot do is neither run nor priced (the report names it): a whole-state engine has no
-        # layers to sweep, a one-sequence context no batch to compare a row of
+        # layers to sweep, a one-sequence context no batch to compare a row of; nor what no selected claim reads
         for field_name, what in (("sweep_units", "layer_sweep"), ("batch_units", "batch_invariance")):
-            if lacks(self.backend, what):
+            if lacks(self.backend, what) or not computes(self.work, what):
                 object.__setattr__(self, field_name, 0)
+
+    def computes(self, what: str) -> bool:
+        """Whether this run computes ``what`` (a group, analysis or construction: :func:`.pipeline.computes`)."""
+        from pytest_kvaudit.engine.pipeline import computes
+
+        return computes(self.work, what)
 
     def replace(self, **kw: object) -> AuditConfig:
         return dataclasses.replace(self, **kw)  # type: ignore[arg-type]

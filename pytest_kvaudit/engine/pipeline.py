@@ -14,9 +14,15 @@ tokens, ``H`` the ids before the prefix's last (``P + b - 1``) and ``S`` the suf
   ``prefix[-1]``): ``len(schedule) + S`` calls, ``H + S`` tokens;
 * a *continuation* on a state already built (a transplant and its controls): ``S`` calls and tokens.
 
-The groups are what a claim can need (``Claim.needs``): ``trajectory``, ``replicas``, ``constructions``,
-``fixed`` (the 2x2's own cells), ``transplants`` and ``controls``. The layer sweep and the probes are
-analyses: no claim needs them, so they are never in the least work the claims need.
+The groups are what a claim can need (``Claim.needs``): ``trajectory``, ``replicas``, ``constructions``
+(or one construction by name: ``prefill``, ``incremental``, ``chunked(4)``...), ``fixed`` (the 2x2's own
+cells), ``transplants`` and ``controls``. The layer sweep (``layer_sweep``) and the batch probe
+(``batch_invariance``) are analyses: never in the least work the claims need, computed when a selected claim
+quotes them (``Claim.analyses``), when ``--kvaudit-analyses`` names them or when every built-in claim runs.
+A run's *work* (``AuditConfig.work``, :func:`work_of`) is what its selected claims need, closed over what
+each step reads; None is everything. The constructions asked for by option (``--kvaudit-chunks``, a
+registered schedule) or brought by the backend (llama.cpp's ``warm``, ``restore``) run in every run: only
+``incremental`` and the replicas follow the claims.
 """
 
 from __future__ import annotations
@@ -35,6 +41,17 @@ TRAJECTORY, CONSTRUCTION, CONTINUATION = "trajectory", "construction", "continua
 #: the groups a claim may need, in the order the minimal-work breakdown lists them
 GROUPS = ("trajectory", "replicas", "constructions", "fixed", "transplants", "controls")
 REPLICA = ":replica"
+#: computed in every run: eligibility, the divergence that picks the transplant units and every analysis
+#: read the trajectory and the one-shot prefill
+BASE = ("trajectory", "prefill")
+#: analyses a claim may read or quote (``Claim.analyses``), computed when one does
+ANALYSES = ("layer_sweep", "batch_invariance")
+#: needs that a backend may lack (``_LACKS`` in :mod:`.backends`): the analyses, and per-layer K/V
+CAPABILITIES = (*ANALYSES, "per_layer")
+#: the constructions that follow the claims; every other one runs in every run
+SELECTED = ("incremental",)
+#: what each need reads besides itself: a control or a sweep runs on a unit with its transplants
+IMPLIES = {"controls": ("transplants",), "layer_sweep": ("transplants",)}
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,12 @@ SWEEP = Step("sweep", "sweep", CONTINUATION)
 
 
 def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
+    """The constructions of a cell besides ``live`` that the run's work computes (:func:`all_constructions`,
+    those its selected claims read), in the order they run and are recorded."""
+    return tuple(s for s in all_constructions(cfg) if computes(cfg.work, s.name))
+
+
+def all_constructions(cfg: AuditConfig) -> tuple[Step, ...]:
     """Every construction of a cell besides ``live``, in the order they run and are recorded: ``prefill`` and
     its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``, then the
     backend's own constructions (llama.cpp's ``warm`` and ``restore``, vLLM's ``warm`` and ``batched(B)`` with B
@@ -83,6 +106,42 @@ def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
     return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
             Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
             *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))
+
+
+def computes(work: Iterable[str] | None, what: str) -> bool:
+    """Whether a run of ``work`` (None: everything) computes ``what``: a group, an analysis or a construction
+    (a named construction is in ``constructions``; a replica, live's or prefill's, in ``replicas``)."""
+    if work is None or what in BASE:
+        return True
+    w = set(work)
+    if what.endswith(REPLICA):
+        return "replicas" in w
+    if what in GROUPS or what in CAPABILITIES:
+        return what in w
+    return what not in SELECTED or what in w or "constructions" in w
+
+
+def work_of(needs: Iterable[str]) -> tuple[str, ...]:
+    """The work a set of needs asks for: the needs, what they imply and the base, sorted (a config field
+    every process of a run must agree on)."""
+    out = set(BASE)
+    for n in needs:
+        out.add(n)
+        out.update(IMPLIES.get(n, ()))
+    return tuple(sorted(out))
+
+
+def unknown_needs(needs: Iterable[str], cfg: AuditConfig) -> list[str]:
+    """Needs that name nothing this run computes: not a group, analysis or construction of ``cfg``."""
+    names = {s.name for s in all_constructions(cfg)}
+    return [n for n in needs if n not in GROUPS and n not in CAPABILITIES and n not in names]
+
+
+def lacked(backend: str, needs: Iterable[str]) -> list[str]:
+    """The needs that ``backend`` cannot compute (llama.cpp's state is read whole: no layers to sweep)."""
+    from pytest_kvaudit.engine.backends import lacks
+
+    return [n for n in needs if n in CAPABILITIES and lacks(backend, n)]
 
 
 def cell_steps(cfg: AuditConfig) -> tuple[Step, ...]:
@@ -106,7 +165,9 @@ def step_named(name: str) -> Step:
 def replica_generated(r: Any) -> int:
     """The replica trajectory's generated tokens: a replica that reached the same boundary records its suffix
     only, one that did not records its whole generation."""
-    rep = r.constructions[LIVE_REPLICA.name]
+    rep = r.constructions.get(LIVE_REPLICA.name)
+    if rep is None:  # not computed: no claim of the run read replicas
+        return 0
     return int(r.boundary) + len(rep.suffix) if rep.logits_fp else len(rep.suffix)
 
 
@@ -116,6 +177,14 @@ def group_continuations(r: Any, group: str) -> Iterator[tuple[Step, int]]:
         s = step_named(name)
         if s.kind == CONSTRUCTION and s.group == group:
             yield s, len(c.suffix)
+
+
+def construction_tokens(r: Any, name: str) -> int:
+    """Forward tokens record ``r`` spent on the construction ``name`` (0 where it did not compute it)."""
+    c = r.constructions.get(name)
+    if r.error or not r.eligible or c is None or step_named(name).kind != CONSTRUCTION:
+        return 0
+    return step_named(name).price(len(r.prompt_ids), len(r.prefix) - 1, len(c.suffix))[1]
 
 
 def group_tokens(r: Any, group: str, transplants: Iterable[Any] = ()) -> int:
@@ -134,6 +203,6 @@ def group_tokens(r: Any, group: str, transplants: Iterable[Any] = ()) -> int:
         return 0
     head = len(r.prefix) - 1
     tokens = sum(s.price(len(r.prompt_ids), head, n)[1] for s, n in group_continuations(r, group))
-    if group == "replicas":
+    if group == "replicas" and LIVE_REPLICA.name in r.constructions:
         tokens += LIVE_REPLICA.price(len(r.prompt_ids), replica_generated(r))[1]
     return tokens

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.calibrate import SAMPLE, calibrate
+from pytest_kvaudit.engine.evidence import StrictFn, decides, evidence, rates, strict_n
 from pytest_kvaudit.engine.pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
@@ -85,10 +86,11 @@ def expected(prompts: Sequence[int], sample: Mapping[str, Sequence[Lengths]], cf
         n_div = len(div) * scale
         units = min(n_div, max(0.0, donors))
         swept = min(units, max(0.0, sweeps))
-        if units:
+        if units and cfg.computes("transplants"):
             s = sum(x.suffix for x in div) / len(div)
-            n = units * transplants_per_unit(False, n_layers) + swept * (transplants_per_unit(True, n_layers)
-                                                                         - transplants_per_unit(False, n_layers))
+            c = cfg.computes("controls")
+            n = units * transplants_per_unit(False, n_layers, controls=c) + swept * (
+                transplants_per_unit(True, n_layers, controls=c) - transplants_per_unit(False, n_layers, controls=c))
             steps["transplants"] = [round(n), round(n * s), round(n * s)]
         donors, sweeps = donors - units, sweeps - swept
         out[dtype] = steps
@@ -119,64 +121,13 @@ def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batc
                      f"bytes x 2 (K, V) x {alive} caches alive"}
 
 
-def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | None, float | None]]) -> dict[str, Any]:
-    """Set what a claim needs against what the run will have: at most (the bound) and as expected."""
-    rows, verdicts = {}, []
-    for what, need in needs.items():
-        most, exp = have.get(what, (None, None))
-        if need is None:
-            v = "never"  # no amount of evidence clears the threshold
-        elif most is None:
-            v = "depends on the run"
-        elif most < need:
-            v = "no"
-        elif exp is not None and exp >= need:
-            v = "yes"
-        else:
-            v = "depends on the run"
-        rows[what] = {"needs": need, "at_most": most, "expected": exp, "decides": v}
-        verdicts.append(v)
-    order = ("never", "no", "depends on the run", "yes")
-    overall = min(verdicts, key=order.index) if verdicts else "yes"
-    return {"decides": overall, "needs": rows}
-
-
-def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
-    """What the run will have of each kind of evidence the claims name: (at most, expected)."""
-    from pytest_kvaudit.engine.config import LOW_PRECISION
-
-    d = len(cfg.dtypes)
-    low = [x for x in cfg.dtypes if x in LOW_PRECISION]
-    high = [x for x in cfg.dtypes if x not in LOW_PRECISION]
-
-    def rate(dtype: str, attr: str) -> float | None:
-        rows = sample.get(dtype, ())
-        return sum(getattr(x, attr) for x in rows) / len(rows) if rows else None
-
-    elig = [rate(x, "eligible") for x in cfg.dtypes]
-    e_min = None if any(e is None for e in elig) else min(e for e in elig if e is not None) * items
-    e_sum = None if any(e is None for e in elig) else sum(e for e in elig if e is not None) * items
-    div_low = [rate(x, "divergent") for x in low]
-    e_div_low = None if not low or any(v is None for v in div_low) else min(v for v in div_low if v is not None) * items
-    div_all = [rate(x, "divergent") for x in cfg.dtypes]
-    e_div = None if any(v is None for v in div_all) else sum(v for v in div_all if v is not None) * items
-    return {
-        "units": (items * d, e_sum),
-        "replica_pairs": (2 * items * d, None if e_sum is None else 2 * e_sum),
-        "eligible_items_per_precision": (items, e_min),
-        "items_x_precisions": (items * d, e_sum),
-        "units_per_high_precision": (items if high else 0, e_min if high else 0),
-        "divergent_units_per_low_precision": (items if low else 0, e_div_low if low else 0),
-        "divergent_units_per_direction": (min(items * d, cfg.donor_max_units),
-                                          None if e_div is None else min(e_div, cfg.donor_max_units)),
-    }
-
-
 def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], ledger: Path | None,
-              workers: int = 1, sample: int = SAMPLE) -> dict[str, Any]:
+              workers: int = 1, sample: int = SAMPLE, inapplicable: Mapping[str, str | None] = {},
+              strict: Mapping[str, StrictFn] = {}) -> dict[str, Any]:
     """The plan of ``store``'s run over its whole item set (every shard), after a short calibration: ``least``
     is what each selected claim needs to decide (``Claim.least_evidence``), ``ledger`` the recorded ledger of
-    this model, if any, whose lengths predict the run."""
+    this model, if any, whose lengths predict the run; ``inapplicable`` why a claim cannot run here, and
+    ``strict`` each claim's further needs at given rates (:meth:`Claim.strict_needs`), for its strict n."""
     from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
     from pytest_kvaudit.engine.environment import environment
 
@@ -233,7 +184,11 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     have = evidence(cfg, len(prompts), lens)
-    verdicts = {name: decides(needs, have) for name, needs in least.items()}
+    per_item = rates(cfg, lens)
+    verdicts = {name: {**decides(needs, have, inapplicable.get(name)),
+                       "strict": strict_n(needs, per_item, strict[name](per_item) if name in strict else {},
+                                          {"divergent_units_per_direction": cfg.donor_max_units})}
+                for name, needs in least.items()}
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),
         "max_new_tokens": m, "workers": workers, "model": shape,
@@ -243,7 +198,7 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
                           "forward_tokens_predicted": None if predicted is None else
                           predicted.get(d, {}).get(k, [0, 0, 0])[2]}
                       for k, a in steps.items()} for d, steps in most.items()},
-        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS,
+        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS if cfg.computes("transplants") else BOUND_WORDS.split(", every item divergent")[0],
         "forward_calls_expected": calls_e if sample else None, "forward_tokens_expected": tokens_e if sample else None,
         "expected_basis": f"the lengths, eligibility and divergence of the first {sample} items at each precision, "
                           f"scaled to {len(prompts)} items",
@@ -256,4 +211,5 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
         "claims": verdicts,
+        "work": None if cfg.work is None else list(cfg.work),
     }

@@ -85,7 +85,7 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width."""
     acc: dict[str, list[int]] = {}
     _trajectory(acc, LIVE.name, x.prompt, x.gen)
-    if primary is not None and primary.eligible:
+    if primary is not None and primary.eligible and cfg.computes("fixed"):
         # the 2x2's own cells on the first precision's prefix (also where this precision is ineligible)
         head = primary.prompt + primary.boundary - 1
         s = x.suffix if x.eligible else primary.suffix
@@ -93,11 +93,12 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     if not x.eligible:
         return acc
     head = x.prompt + x.boundary - 1
-    _trajectory(acc, LIVE_REPLICA.name, x.prompt, x.gen)
-    for step in constructions(cfg):
+    if cfg.computes("replicas"):
+        _trajectory(acc, LIVE_REPLICA.name, x.prompt, x.gen)
+    for step in constructions(cfg):  # those the run's work computes
         add(acc, step.name, *step.price(x.prompt, head, x.suffix))
-    if donor:
-        for _ in range(transplants_per_unit(sweep, n_layers, recurrent)):
+    if donor and cfg.computes("transplants"):
+        for _ in range(transplants_per_unit(sweep, n_layers, recurrent, cfg.computes("controls"))):
             add(acc, "transplants", *TRANSPLANT.price(0, 0, x.suffix))
     if batch_width is not None:
         add(acc, "batch_invariance", 1, cfg.batch_size * max(batch_width, head))
@@ -115,12 +116,12 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     return acc
 
 
-def transplants_per_unit(sweep: bool, n_layers: int, recurrent: bool = False) -> int:
+def transplants_per_unit(sweep: bool, n_layers: int, recurrent: bool = False, controls: bool = True) -> int:
     """Continuations on one divergent unit, at most: all layers both ways (and the sweep's both ways: its
     bisection stops where the outcomes say, so the plan prices its bound, ``ceil(log2 n)`` a search), two
-    shams, (at most) two transplants of the identical layers, and on a model with recurrent state the
-    attention-only and recurrent-only transplants both ways."""
-    return 2 * (1 + (sweep_tries_max(n_layers) if sweep else 0)) + 2 + 2 + (4 if recurrent else 0)
+    shams and (at most) two transplants of the identical layers (the controls, when a selected claim reads
+    them), and on a model with recurrent state the attention-only and recurrent-only transplants both ways."""
+    return 2 * (1 + (sweep_tries_max(n_layers) if sweep else 0)) + (4 if controls else 0) + (4 if recurrent else 0)
 
 
 def total(parts: Iterable[Mapping[str, list[int]]]) -> dict[str, list[int]]:
@@ -144,7 +145,7 @@ class Unit:
     generated: int
     fixed: tuple[int, tuple[int, ...]] | None = None  # the 2x2's head (ids before the last) and its two suffixes
     head: int | None = None  # eligible: ids before the prefix's last
-    replica: int = 0  # the replica trajectory's generated tokens
+    replica: int | None = 0  # the replica trajectory's generated tokens (None: not computed)
     continuations: tuple[tuple[str, int], ...] = ()  # (construction, suffix length), live and its replica apart
     transplant_tokens: int = 0  # every transplant continuation (one token a call)
     probe_tokens: int = 0
@@ -157,11 +158,12 @@ def unit_of_record(r: Any) -> Unit | None:
     fixed = None
     if r.fixed:
         fixed = ((r.fixed_prefix_len or 0) - 1, (len(r.fixed["replay"].suffix), len(r.fixed["prefill"].suffix)))
-    head = replica = 0
+    head = 0
+    replica: int | None = 0
     conts: tuple[tuple[str, int], ...] = ()
     if r.eligible:
         head = len(r.prefix) - 1
-        replica = replica_generated(r)
+        replica = replica_generated(r) if LIVE_REPLICA.name in r.constructions else None
         conts = tuple((k, len(c.suffix)) for k, c in r.constructions.items() if k not in (LIVE.name, LIVE_REPLICA.name))
     probes = r.probes
     tokens = sum(int(o.get("tokens", 0)) for o in [*probes.axes.values(), *probes.cache.values(), probes.batch] if o)
@@ -178,7 +180,8 @@ def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
             head, (a, b) = u.fixed
             _fixed(acc, u.prompt, head, (a, b))
         if u.head is not None:
-            _trajectory(acc, LIVE_REPLICA.name, u.prompt, u.replica)
+            if u.replica is not None:
+                _trajectory(acc, LIVE_REPLICA.name, u.prompt, u.replica)
             for name, s in u.continuations:
                 _construction(acc, name, name, u.prompt, u.head, s)
             if u.transplant_tokens:
@@ -220,24 +223,30 @@ def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: Aud
             u = recorded.get(f"{item}@{d}")
             if u is None or not u.get("generated"):
                 continue
-            fixed = None
-            if u.get("fixed") and item in fixed_head:
+            fixed = None  # what the ledger recorded and this run's work computes (cfg.work)
+            if u.get("fixed") and item in fixed_head and cfg.computes("fixed"):
                 fixed = (fixed_head[item], (_ids_len(u["fixed"]["replay"]["suffix"]),
                                             _ids_len(u["fixed"]["prefill"]["suffix"])))
-            head, replica, transplant = None, 0, 0
+            head, transplant = None, 0
+            replica: int | None = 0
             conts: tuple[tuple[str, int], ...] = ()
             cs = u.get("constructions") or {}
             if u.get("reason") is None and cs:
                 b = int(u["boundary"])
                 head = p + b - 1
                 rep = cs[LIVE_REPLICA.name]
-                replica = b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])
-                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items()) if k not in (LIVE.name, LIVE_REPLICA.name))
-                if "transplant_tokens" in u:
+                replica = (b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])) if (
+                    cfg.computes("replicas")) else None
+                conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items())
+                              if k not in (LIVE.name, LIVE_REPLICA.name) and cfg.computes(k))
+                if not cfg.computes("transplants"):
+                    pass
+                elif "transplant_tokens" in u and cfg.work is None:
                     transplant = int(u["transplant_tokens"])
-                elif u.get("transplants"):
+                elif u.get("transplants"):  # recorded before transplant_tokens, or by a run of other work
                     guessed += 1
-                    transplant = transplants_per_unit(spent < cfg.sweep_units, n_layers) * _ids_len(cs["live"]["suffix"])
+                    transplant = transplants_per_unit(spent < cfg.sweep_units, n_layers, controls=cfg.computes(
+                        "controls")) * _ids_len(cs["live"]["suffix"])
                 spent += bool(u.get("transplants"))
             out[(item, d)] = Unit(p, _ids_len(u["generated"]), fixed, head, replica, conts, transplant)
     return out, guessed

@@ -32,13 +32,14 @@ def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any
             rec.comparison.divergence_text = [b.decode([live[j]]), b.decode([prefill[j]])]
 
 def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
-                sweep: bool) -> None:
+                sweep: bool, controls: bool = True) -> None:
     """Donor following, both directions: all layers, and on the first divergent items the layer sweep (bisected,
     see :mod:`.sweep`: each direction's next subset depends on its last outcome, so they run in order);
     then the controls, which must leave each receiver's suffix as it was: a sham (the receiver's own
     cache handed to the transplant as donor) and, where the two states share bit-identical layers, a
     transplant of only those layers. On a model with recurrent state, the attention K/V alone and the
-    recurrent state alone are transplanted too (the layer sweep's ``all:attn`` and ``all:recurrent`` rows)."""
+    recurrent state alone are transplanted too (the layer sweep's ``all:attn`` and ``all:recurrent`` rows).
+    ``controls``: whether a selected claim reads the controls (donor_following does)."""
     states = {"live": live_state, "prefill": prefill_state}
     pairs = (("live", "prefill"), ("prefill", "live"))  # (donor, receiver)
     whole = {donor: transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, "kv", last,
@@ -50,11 +51,11 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
                 return transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, subset[0],
                                   subset[1], last, budget, decide_only=True).followed
             sweep_(n_layers, whole[donor], one)
-    for name in ("prefill", "live"):
+    for name in ("prefill", "live") if controls else ():
         # the same object as receiver and donor: the transplant path itself is what the sham tests
         transplant(b, rec, SHAM, states[name], states[name], name, name, None, "kv", last, budget)
     same = tuple(rec.comparison.identical_layers)
-    if same:
+    if same and controls:
         for donor, receiver in pairs:
             transplant(b, rec, IDENTICAL, states[receiver], states[donor], donor, receiver, same, "kv", last, budget)
     if kv.recurrent(live_state):

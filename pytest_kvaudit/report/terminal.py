@@ -160,11 +160,28 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
                     f"load {cal[d]['load_s']:.1f}s" for d in plan["precisions"] if d in cal)
     out.append(f"time on this device: expected {plan['seconds_expected']:.0f}s, at most {plan['seconds_bound']:.0f}s "
                f"({per}; calibration took {cal['seconds']:.1f}s)")
+    if plan.get("work") is not None:
+        out.append(f"computes only what the selected claims read: {', '.join(plan['work'])}")
     for name, c in plan["claims"].items():
         needs = "; ".join(f"{w} needs {r['needs']}, at most {r['at_most']}, expected "
                           f"{'-' if r['expected'] is None else round(r['expected'], 1)}" for w, r in c["needs"].items())
-        out.append(f"{name:<22} decides: {c['decides']:<19} {needs or 'no least evidence declared'}")
+        why = f" ({c['why']})" if c.get("why") else ""
+        out.append(f"{name:<22} decides: {c['decides']:<19} {needs or 'no least evidence declared'}{why}")
+        out += strict_lines(c, plan["items"])
     return out
+
+
+def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
+    """What n a strict gate (--kvaudit-strict) needs for a claim to decide, and a warning when the run has less."""
+    st = c.get("strict") or {}
+    if c.get("decides") in ("not applicable", "not declared") or not st.get("by"):
+        return []
+    need = {w: r.get("needs") for w, r in (c.get("needs") or {}).items()}
+    by = ", ".join(f"{w}{f' {need[w]}' if w in need else ''} -> {'never' if v is None else v}" for w, v in st["by"].items())
+    if st.get("n") is None:
+        return [f"{'':<22} strict n: none reaches it at these rates ({by}): --kvaudit-strict fails it"]
+    warn = f"; WARNING: this run has n={items}, --kvaudit-strict fails it" if items < st["n"] else ""
+    return [f"{'':<22} strict n: {st['n']} items ({by}){warn}"]
 
 
 def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
