@@ -91,12 +91,14 @@ VALUE_OPTIONS: dict[str, str] = {
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
     ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
-    CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
     LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
     STRICT: "a CI gate: an inconclusive claim fails, saying what evidence was missing",
     PLAN: "print the plan (cells, forward tokens, cache memory, estimated time, what each claim can decide) "
           "after a short calibration, and run no claim",
 }
+
+CHAT_HELP = ("auto, on or off: wrap text prompts in the checkpoint's chat template (default auto: when it ships one; "
+             "the bare flag means on)")
 
 
 def dest(flag: str) -> str:
@@ -111,6 +113,8 @@ def add_options(parser: pytest.Parser) -> None:
     for flag, help_ in FLAG_OPTIONS.items():
         group.addoption(flag, dest=dest(flag), action="store_true", default=False, help=help_)
         parser.addini(dest(flag), help_, type="bool", default=False)
+    group.addoption(CHAT_TEMPLATE, dest=dest(CHAT_TEMPLATE), nargs="?", const="on", default=None, help=CHAT_HELP)
+    parser.addini(dest(CHAT_TEMPLATE), CHAT_HELP, default="")
     parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
 
 
@@ -202,8 +206,14 @@ def build_config(config: pytest.Config) -> AuditConfig:
             kw["donor_max_units"] = d
         kw["threads"] = _int(config, THREADS)
         for name, attr in ((TRUST_REMOTE_CODE, "trust_remote_code"), (ALLOW_PICKLE, "allow_pickle"),
-                           (CHAT_TEMPLATE, "chat_template"), (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):
+                           (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):
             kw[attr] = flag(config, name)
+        if config.getoption(dest(CHAT_TEMPLATE)) == "":
+            raise KvauditError(f"{CHAT_TEMPLATE} is empty: give auto, on or off, or leave the flag out")
+        if (chat := value(config, CHAT_TEMPLATE)) is not None:
+            from pytest_kvaudit.engine.chat import parse_mode
+
+            kw["chat_template"] = parse_mode(chat, source(config, CHAT_TEMPLATE))
         kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
         return AuditConfig().replace(**kw)
     except KvauditError as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kvaudit.engine import builtin_arith_v2 as v2
+from pytest_kvaudit.engine import builtin_arith_v3 as v3
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet
 
@@ -38,6 +39,9 @@ BUILTIN_PATH = Path(f"<{BUILTIN_NAME}>")
 BUILTIN_SIZE = 64
 #: The set a checkpoint without items gets.
 BUILTIN_DEFAULT = v2.NAME
+#: ... when its prompts go through a chat template: one-shot problems a small instruct model answers about half
+#: the time (``builtin_arith_v3``); v2 stays the default elsewhere, so its ledgers keep their item set
+BUILTIN_CHAT_DEFAULT = v3.NAME
 #: The most items the generator is asked for; every kind of question still has unused prompts there.
 BUILTIN_MAX = 1000
 #: A token offset every model reaches, since it counts generated tokens rather than looking for text.
@@ -111,6 +115,7 @@ class BuiltinSet:
 BUILTIN_SETS: dict[str, BuiltinSet] = {
     BUILTIN_NAME: BuiltinSet(_generate, BUILTIN_SIZE, BUILTIN_BOUNDARY, BUILTIN_ANSWER_REGEX, BUILTIN_MAX_NEW_TOKENS),
     v2.NAME: BuiltinSet(v2.generate, v2.SIZE, v2.BOUNDARY, v2.ANSWER_REGEX, v2.MAX_NEW_TOKENS),
+    v3.NAME: BuiltinSet(v3.generate, v3.SIZE, v3.BOUNDARY, v3.ANSWER_REGEX, v3.MAX_NEW_TOKENS),
 }
 
 
