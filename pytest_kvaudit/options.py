@@ -68,7 +68,8 @@ VALUE_OPTIONS: dict[str, str] = {
     TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
     DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
     ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
-    ITEMS: "item set JSONL, or a built-in set: builtin:arith-v2, builtin:arith-v1 (default: the checkpoint's items.jsonl, else builtin:arith-v2)",
+    ITEMS: ("item set JSONL, or a built-in set: builtin:arith-v3, builtin:arith-v2, builtin:arith-v1 (default: the "
+            "checkpoint's items.jsonl, else builtin:arith-v3 through a chat template, builtin:arith-v2 without one)"),
     N: "use the first N items",
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",

@@ -1,7 +1,9 @@
 """The built-in item sets, for checkpoints that ship no ``items.jsonl``, chosen by name.
 
-A checkpoint without items gets :data:`BUILTIN_DEFAULT` (``builtin:arith-v2``, two-step problems a real
-instruct model works through: see ``builtin_arith_v2``); ``--kvaudit-items=builtin:arith-v1`` picks the
+A checkpoint without items gets :data:`BUILTIN_CHAT_DEFAULT` (``builtin:arith-v3``, one-shot word problems a
+small instruct model answers about half the time: see ``builtin_arith_v3``) when its prompts go through a chat
+template, else :data:`BUILTIN_DEFAULT` (``builtin:arith-v2``, two-step problems with an instruction: see
+``builtin_arith_v2``); ``--kvaudit-items=builtin:arith-v1`` picks the
 older set described here, kept because ledgers were recorded on it. A set's name carries its version: a
 change to its items is a new name, never a new digest under the old one.
 
