@@ -167,3 +167,30 @@ def test_end_to_end_auto_by_default_and_the_hint_when_off(pytester: pytest.Pytes
                               "items 0/4 eligible (ineligible: boundary_not_reached 4); the chat template (*) was off*"])
     reason = json.loads(rep.read_text())["claims"]["replica_exactness"]["reason"]
     assert "--kvaudit-chat-template=auto or on is the likely fix" in reason
+
+
+class _Config:
+    """The options and ini values build_config reads (pytest's own parsing is covered end to end above)."""
+
+    def __init__(self, option: str | None, ini: str = "") -> None:
+        self.option, self.ini = option, ini
+        self.rootpath = Path("/nonexistent-root")
+
+    def getoption(self, name: str) -> object:
+        return self.option if name == "kvaudit_chat_template" else None
+
+    def getini(self, name: str) -> object:
+        return self.ini if name == "kvaudit_chat_template" else ""
+
+
+@pytest.mark.parametrize("option,ini,want", [(None, "", None), ("on", "", True), (None, "off", False),
+                                             (None, "true", True), ("auto", "off", None)])
+def test_the_flag_and_its_ini_twin(option: str | None, ini: str, want: bool | None) -> None:
+    """auto by default; the flag wins over the ini key; an old ini boolean still reads."""
+    from pytest_kvaudit import options as opt
+
+    assert opt.build_config(_Config(option, ini)).chat_template is want  # type: ignore[arg-type]
+    with pytest.raises(pytest.UsageError, match=r"--kvaudit-chat-template is empty"):
+        opt.build_config(_Config(""))  # type: ignore[arg-type]
+    with pytest.raises(pytest.UsageError, match=r"kvaudit_chat_template \(ini\)='sometimes': use auto"):
+        opt.build_config(_Config(None, "sometimes"))  # type: ignore[arg-type]
