@@ -78,6 +78,9 @@ class Judge:
             run = self.session.run_info or run_info(self.store, self.session.config)
             display["html"] = claim.html(result.to_dict(), run)
         verdicts.record(self.session, result, display, self.node)
+        gate = self.session.gate
+        if gate is not None and (why := gate.check_verdict(result, display)) is not None:
+            pytest.fail(why, pytrace=False)
         if result.status == claims.FAIL:
             pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
         if result.status == claims.INCONCLUSIVE:

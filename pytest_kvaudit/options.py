@@ -47,6 +47,7 @@ ALLOW_PICKLE = "--kvaudit-allow-pickle"
 CHAT_TEMPLATE = "--kvaudit-chat-template"
 SNAPSHOTS = "--kvaudit-snapshots"
 BASELINE = "--kvaudit-baseline"
+BASELINE_FAIL = "--kvaudit-baseline-fail"
 HTML = "--kvaudit-html"
 LEDGER_TOKENS_ONLY = "--kvaudit-ledger-tokens-only"
 STRICT = "--kvaudit-strict"
@@ -77,7 +78,11 @@ VALUE_OPTIONS: dict[str, str] = {
     SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
-    BASELINE: "compare verdicts and figures with a recorded run (snapshots/<slug>/ or a report JSON)",
+    BASELINE: ("gate on a recorded run (snapshots/<slug>/ or a report JSON): checked before anything loads, compared "
+               "verdict by verdict and trajectory by trajectory in the kvaudit::baseline test"),
+    BASELINE_FAIL: ("what fails the baseline gate: METRIC:DIRECTION,... with divergence and labels "
+                    "increase|decrease|change, trajectories:change, verdicts:worse|change, or none (default: "
+                    "divergence:increase,labels:increase,trajectories:change,verdicts:worse)"),
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",

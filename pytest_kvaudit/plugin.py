@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import interrupts, thresholds
+from pytest_kvaudit import gate, interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.run_report import run_report
@@ -63,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     sess.plan_only = opt.flag(config, opt.PLAN)
     topo = sess.topology
     topo.shard, topo.partials, topo.merge = opt.shards(config)
+    sess.gate = gate.open_gate(config, sess)  # a baseline that cannot gate this run stops it here, before any load
     if _wants_builtin_claims(config, sess.selection):
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
@@ -118,6 +119,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
     config.stash[SESSION_KEY].collected_claims = seen
+    gate.add_item(session, items, config.stash[SESSION_KEY])
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
         from pytest_kvaudit.session import uses_store
 
@@ -202,15 +204,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_sep("=", "kvaudit")
             terminalreporter.write_line(f"kvaudit could not run: {sess.error}")
         return
-    from pytest_kvaudit.report.terminal import compare_lines, lines
+    from pytest_kvaudit.report.comparison import compare_lines
+    from pytest_kvaudit.report.terminal import lines
 
     terminalreporter.write_sep("=", "kvaudit claims")
     for line in lines(rep):
         terminalreporter.write_line(line)
     if "baseline" in rep:
         terminalreporter.write_sep("-", f"kvaudit: changes from the baseline {rep['baseline']['path']}")
-        for line in [rep["baseline"]["error"]] if "error" in rep["baseline"] else compare_lines(rep["baseline"]):
-            terminalreporter.write_line(line)
+        for line in compare_lines(rep["baseline"]):
+            terminalreporter.write_line(line, red=line.startswith("REGRESSION"), green=line.startswith("improvement"))
     if sess.report_path is not None:
         terminalreporter.write_line(f"report written to {sess.report_path}")
 
@@ -246,10 +249,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for writer in WRITERS:
         if writer.flag in sess.outputs:
             writer.write(rep, sess.outputs[writer.flag], sections)
-    base = rep.get("baseline", {})
-    if (base.get("error") or base.get("regressions")) and session.exitstatus == pytest.ExitCode.OK:
-        # the gate: a regression from the baseline (or a baseline that could not be read) fails the run
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if config.getoption("update_snapshots", False) and any(c.figures.get("recorded") is True
                                                             for c in sess.claims.values()):
         # the run's verdicts beside the ledger it recorded: what --kvaudit-baseline compares the next checkpoint

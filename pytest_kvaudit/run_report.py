@@ -4,7 +4,6 @@ and the comparison with a baseline. Built once, at the session's end."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,8 +22,8 @@ def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
 
 def run_report(sess: KvauditSession) -> dict[str, Any] | None:
     """The report, or None when no claim was judged."""
-    from pytest_kvaudit.engine.errors import KvauditError
-    from pytest_kvaudit.report.document import build, compare, load_baseline
+    from pytest_kvaudit.report.comparison import compare
+    from pytest_kvaudit.report.document import build
 
     if not sess.claims:
         return None
@@ -37,15 +36,40 @@ def run_report(sess: KvauditSession) -> dict[str, Any] | None:
         info.get("cost", {}),
         analyses=info.get("analyses", {}),
         plan=plan_block(sess, info.get("plan", {})),
-        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed},
+        config={"dtypes": list(sess.config.dtypes), "n": sess.config.n, "seed": sess.config.seed,
+                "identity": identity(sess)},
         display=sess.display,
     )
-    if sess.baseline:
-        try:
-            rep["baseline"] = {"path": sess.baseline, **compare(load_baseline(Path(sess.baseline)), rep)}
-        except KvauditError as exc:
-            rep["baseline"] = {"path": sess.baseline, "error": str(exc), "changes": []}
+    if sess.gate is not None:
+        rep["baseline"] = {"path": sess.baseline, **compare(sess.gate.report, rep, sess.gate.rules, sess.gate_result)}
     return rep
+
+
+def identity(sess: KvauditSession, strict: bool = False) -> dict[str, Any]:
+    """The run's model shape, items and settings, as a later run's ``--kvaudit-baseline`` checks them before it
+    loads anything: from config.json (or a GGUF header) and the item file, or a merge's partials. Empty where
+    they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's check) raises."""
+    import json
+
+    from pytest_kvaudit.dist.partials import PARTIAL_RE
+    from pytest_kvaudit.engine.baseline import partial_identity, run_identity
+    from pytest_kvaudit.engine.errors import KvauditError
+
+    if sess.identity is None:
+        merge = sess.topology.merge
+        try:
+            if merge is None:
+                sess.identity = run_identity(sess.config)
+            else:
+                files = sorted(p for p in merge.rglob("partial-*.json") if PARTIAL_RE.fullmatch(p.name))
+                if not files:
+                    raise KvauditError(f"--kvaudit-merge={merge}: no partial-I-of-N.json under it")
+                sess.identity = partial_identity(json.loads(files[0].read_text(encoding="utf-8")))
+        except (KvauditError, OSError, ValueError):
+            if strict:
+                raise
+            sess.identity = {}
+    return sess.identity
 
 
 def run_info(store: Store, config: AuditConfig) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class KvauditSession:
     plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
     report: dict[str, Any] | None = None  # the run's report, once built at the session's end
     collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
+    gate: Any = None  # the baseline gate (:class:`pytest_kvaudit.gate.Gate`), read at configure
+    gate_result: dict[str, Any] | None = None  # what the kvaudit::baseline test found (from whichever process ran it)
+    identity: dict[str, Any] | None = None  # the run's model shape, items and settings (:mod:`.engine.baseline`)
     interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
     _lifecycle: Lifecycle | None = field(default=None, repr=False)
 

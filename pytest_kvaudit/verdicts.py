@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from pytest_kvaudit.session import KvauditSession
 
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
+GATE_PROP = "kvaudit_gate"
 
 
 def record(sess: KvauditSession, result: ClaimResult, display: dict[str, Any], node: pytest.Item) -> None:
@@ -33,6 +34,8 @@ def record(sess: KvauditSession, result: ClaimResult, display: dict[str, Any], n
 def collect(sess: KvauditSession, report: pytest.TestReport) -> None:
     """Collect claim results from test reports: the controller sees the workers' claims under xdist."""
     props = dict(report.user_properties)
+    if GATE_PROP in props and report.when == "call":  # the kvaudit::baseline test's ledger comparison
+        sess.gate_result = json.loads(str(props[GATE_PROP]))
     if CLAIM_PROP not in props or report.when == "teardown":
         return
     from pytest_kvaudit.claims.base import ClaimResult

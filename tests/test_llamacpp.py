@@ -124,6 +124,22 @@ def test_transplants_move_the_whole_state_or_nothing(backend: Any, prompt: list[
             kv.transplant(a, b, layers, parts)
 
 
+def test_extra_buffer_types_are_off_unless_asked(gguf: Path, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the weights load into plain CPU buffers (ggml's own kernels: the way round the AMX int8 crash
+    of a GCC 12 build, where a batch of 2+ tokens dies) and the report says so; KVAUDIT_LLAMACPP_EXTRA_BUFTS=1
+    reaches the model load as llama.cpp's own default."""
+    from pytest_kvaudit.engine.backends import open_backend
+
+    monkeypatch.delenv("KVAUDIT_LLAMACPP_EXTRA_BUFTS", raising=False)
+    off = open_backend("llama.cpp", str(gguf), "fp32")
+    assert off.llm.model_params.use_extra_bufts is False and off.environment["use_extra_bufts"] is False
+    off.step(prompt, off.fresh())  # a many-token batch: the AMX int8 kernel's path where extra buffers are on
+    monkeypatch.setenv("KVAUDIT_LLAMACPP_EXTRA_BUFTS", "1")
+    on = open_backend("llama.cpp", str(gguf), "fp32")  # loaded only: on an affected machine a decode would crash
+    assert on.llm.model_params.use_extra_bufts is True and on.environment["use_extra_bufts"] is True
+    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True  # the wrapper is gone
+
+
 def test_a_q8_0_cache_runs_with_flash_attention(gguf: Path, prompt: list[int]) -> None:
     """llama.cpp creates no context with a quantized V cache unless flash attention is on (measured: 0.3.36
     raises "Failed to create llama_context"), so q8_0 switches it on and the report says so."""

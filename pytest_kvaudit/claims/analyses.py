@@ -59,6 +59,24 @@ def anatomy(records: Iterable[Any]) -> dict[str, Any]:
     return {"divergent": rows, "drift": drift}
 
 
+def first_differences(records: Iterable[Any]) -> dict[str, Any]:
+    """Per precision, where two boundary states that an engine reads per position (vLLM's blocks) first part:
+    warm (blocks written by decode) vs cold (written by one prefill): units compared, units that differ, the
+    first differing layer's count over units, and each unit's layer, part, position and ULPs there."""
+    out: dict[str, Any] = {}
+    for r in records:
+        fd = getattr(r.comparison, "first_difference", None)
+        if not r.eligible or not fd or "warm_vs_cold" not in fd:
+            continue
+        d = out.setdefault(r.dtype, {"units": 0, "differ": 0, "first_layer": {}, "rows": []})
+        d["units"] += 1
+        if (w := fd["warm_vs_cold"]) is not None:
+            d["differ"] += 1
+            d["first_layer"][str(w["layer"])] = d["first_layer"].get(str(w["layer"]), 0) + 1
+            d["rows"].append({"item": r.item_id, **w})
+    return out
+
+
 def construction_axes(records: Iterable[Any]) -> list[dict[str, Any]]:
     """One row per (precision, construction): how often its boundary state is bit-identical to the live
     cache, and how often its suffix equals live's and prefill's."""
@@ -151,5 +169,7 @@ def batch_invariance(records: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def build(records: list[Any], sweep_units: int) -> dict[str, Any]:
+    fd = first_differences(records)  # only where an engine reads its states per position (vLLM)
     return {"anatomy": anatomy(records), "layer_sweep": layer_sweep(records, sweep_units),
-            "axes": construction_axes(records), "batch_invariance": batch_invariance(records)}
+            "axes": construction_axes(records), "batch_invariance": batch_invariance(records),
+            **({"first_difference": fd} if fd else {})}

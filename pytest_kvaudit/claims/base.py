@@ -177,6 +177,11 @@ class Claim:
         """Rates (k, n) that a baseline comparison watches for leaving their 95% interval."""
         return {}
 
+    def comparable(self, result: ClaimResult) -> bool:
+        """Whether this verdict speaks for the checkpoint, so that a baseline gate compares it with the next
+        checkpoint's (a verdict about a recorded ledger's presence does not)."""
+        return True
+
     def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
         """An HTML section of its own (tables, figures) beside the claims table; none by default."""
         return None
@@ -184,7 +189,7 @@ class Claim:
     def display(self, result: ClaimResult) -> dict[str, Any]:
         """What renderers need without the claim's code: order, title, key figure and watched rates."""
         return {"order": self.order, "title": self.title or self.name, "figure": self.key_figure(result),
-                "statistic": self.statistic(result),
+                "statistic": self.statistic(result), "comparable": self.comparable(result),
                 "rates": {k: list(v) for k, v in self.rates(result.figures).items()}}
 
     def result(self, status: str, n: int, k: int, reason: str, figures: dict[str, Any] | None = None,

@@ -76,9 +76,10 @@ SWEEP = Step("sweep", "sweep", CONTINUATION)
 def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
     """Every construction of a cell besides ``live``, in the order they run and are recorded: ``prefill`` and
     its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``, then the
-    backend's own constructions (llama.cpp's ``warm`` and ``restore``; none for transformers)."""
+    backend's own constructions (llama.cpp's ``warm`` and ``restore``, vLLM's ``warm`` and ``batched(B)`` with B
+    the run's batch size; none for transformers)."""
     names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks),
-             *backend_constructions(cfg.backend))
+             *(n.format(batch=cfg.batch_size) for n in backend_constructions(cfg.backend)))
     return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
             Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
             *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))

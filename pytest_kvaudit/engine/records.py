@@ -70,6 +70,9 @@ class Comparison:
     #: layers whose K or V differ (not bit-identical) between the live and prefill states, and the rest
     differing_layers: list[int] = field(default_factory=list)
     identical_layers: list[int] = field(default_factory=list)
+    #: an engine whose blocks are read per position (vLLM): where two states first part, per pair compared
+    #: ("live_vs_prefill": layer, part, position, block, ULPs there and in the layer), None where bit-identical
+    first_difference: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,6 +108,9 @@ class CellRecord:
     error: str | None = None  # an error on this item alone (out of memory), the run went on
     #: the end of what the model generated, decoded, when it never reached the boundary (for the report)
     generated_tail: str | None = None
+    #: an engine whose constructions are requests (vLLM): per construction, the proof of what the engine did
+    #: (num_cached_tokens, prefill chunks, the batch it ran in, the marker's and the block-aligned boundary)
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def eligible(self) -> bool:

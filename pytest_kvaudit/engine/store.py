@@ -115,7 +115,8 @@ class Store:
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)
-            builder = CellBuilder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
+            make = getattr(h, "cell_builder", CellBuilder)  # an engine whose constructions are requests (vLLM)
+            builder = make(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
             for j, item in self._taken(phase, queue):
                 # the budgets go to the first transplant units in (precision, item) order; under xdist counted
                 # over every worker's units, decided (for a divergent unit only) once those before it are known

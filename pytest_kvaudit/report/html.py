@@ -61,6 +61,8 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
     parts.append("<h2 id='claims'>Claims</h2>" + table(
         ["claim", "verdict", "n (units judged)", "k (property holds)", "statistic", "interval", "key figure"], rows,
         "claims") + f"<p><small>{e(LEGEND)}</small></p>")
+    if "baseline" in report:
+        parts.append(baseline_section(report["baseline"]))
     for name in names:
         sec = _claim_section(report, name, sections or {})
         if sec:
@@ -92,6 +94,40 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
     parts.append("<h2>Environment</h2>" + table(["key", "value"], [[e(k), e(v)] for k, v in sorted(env.items())]))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def baseline_section(cmp: Mapping[str, Any]) -> str:
+    """The gate side by side: each claim's verdict and k/n in the baseline and in this run, then per precision
+    the divergent suffixes, label changes and trajectories that moved, naming the items."""
+    def side(s: Mapping[str, Any] | None) -> str:
+        return "-" if s is None else f"{status(s['status'], upper=True)} {s['k']}/{s['n']}"
+
+    kinds = {"regression": "<span class='fail'>regression</span>", "improvement": "<span class='pass'>improvement</span>",
+             "not_compared": "not compared (a ledger's presence, not the checkpoint)", None: ""}
+    rows = [[f"<code>{e(n)}</code>", side(r["was"]), side(r["now"]), kinds.get(r["kind"], e(r["kind"]))]
+            for n, r in cmp.get("claims", {}).items()]
+    out = [f"<h2 id='baseline'>Against the baseline</h2><p>Baseline <code>{e(cmp.get('path'))}</code> (weights "
+           f"<code>{e(str(cmp.get('model_was'))[:23])}</code>), rules <code>{e(cmp.get('rules'))}</code>: "
+           f"{e(cmp.get('regressions'))} regressions, {e(cmp.get('improvements'))} improvements.</p>",
+           table(["claim", "baseline", "this run", "change"], rows, "baseline")]
+    led = cmp.get("ledger")
+    if not led:
+        out.append("<p>Trajectories not compared: the <code>kvaudit::baseline</code> test did not run.</p>")
+        return "\n".join(out)
+    found = {(f["metric"], f["dtype"]): f["kind"] for f in led.get("findings", [])}
+    prow = []
+    for d, p in led.get("precisions", {}).items():
+        for metric, what in (("divergence", "divergent suffixes"), ("labels", "label changes")):
+            m = p[metric]
+            prow.append([e(d), e(what), f"{m['was'][0]}/{m['was'][1]}", f"{m['now'][0]}/{m['now'][1]}",
+                         e(" ".join(m["left"])), e(" ".join(m["joined"])), kinds.get(found.get((metric, d)), "change")])
+        t = p["trajectories"]
+        moved = "; ".join(f"{i['item']} at token {i['position']}" for i in t["items"][:20])
+        prow.append([e(d), "trajectories changed", "-", f"{t['changed']}/{t['compared']}", "", e(moved),
+                     kinds.get(found.get(("trajectories", d)), "")])
+    out.append(table(["precision", "figure", "baseline", "this run", "left the set", "joined the set / moved",
+                      "judged"], prow, "baseline-ledger"))
+    return "\n".join(out)
 
 
 def write(report: Mapping[str, Any], path: Path, sections: Mapping[str, str | None] | None = None) -> None:

@@ -19,12 +19,14 @@ __all__ = ["Backend", "backend_constructions", "known", "lacks", "open_backend",
 _BACKENDS: dict[str, str | Callable[..., Backend]] = {
     "transformers": "pytest_kvaudit.engine.backends.transformers:open_backend",
     "llama.cpp": "pytest_kvaudit.engine.backends.llamacpp:open_backend",
+    "vllm": "pytest_kvaudit.engine.backends.vllm:open_backend",
 }
 #: name -> the constructions the engine builds by its own means (:mod:`.engine_constructions`), run in every
 #: cell under that backend after the schedules; known without importing the engine, so a plan can price them
-_CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore")}
+_CONSTRUCTIONS: dict[str, tuple[str, ...]] = {"llama.cpp": ("warm", "restore"), "vllm": ("warm", "batched({batch})")}
 #: name -> the analyses the engine cannot run (``layer_sweep``, ``batch_invariance``): never run, never priced
-_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"per_layer", "layer_sweep", "batch_invariance"})}
+_LACKS: dict[str, frozenset[str]] = {"llama.cpp": frozenset({"per_layer", "layer_sweep", "batch_invariance"}),
+                                     "vllm": frozenset({"layer_sweep", "batch_invariance"})}
 
 
 def register_backend(name: str, opener: str | Callable[..., Backend], constructions: tuple[str, ...] = (),

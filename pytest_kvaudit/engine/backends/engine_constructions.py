@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pytest_kvaudit.engine.schedules import register_schedule
 
-WARM, RESTORE = "warm", "restore"
+WARM, RESTORE, BATCHED = "warm", "restore", "batched"
 
 
 @register_schedule(WARM, every_cell=False)
@@ -33,4 +33,11 @@ def warm(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
 @register_schedule(RESTORE, every_cell=False, forwards=False)
 def restore(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
     """Loaded, not computed: priced as no forwards (the chunks are never run)."""
+    return [length]
+
+
+@register_schedule(BATCHED, every_cell=False)
+def batched(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
+    """vLLM's ``batched(B)``: ``prefix[:-1]`` prefilled in one engine step beside ``B`` other requests of its
+    length, priced as its own tokens (the others' are the batch around it, counted in the run's cost)."""
     return [length]

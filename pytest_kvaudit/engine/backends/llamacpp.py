@@ -22,7 +22,8 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,11 @@ KV_TYPES = {"fp32": (0, "f32"), "fp16": (1, "f16"), "bf16": (30, "bf16"), "q8_0"
 NEEDS_FLASH_ATTN = frozenset({"q8_0"})
 N_CTX = int(os.environ.get("KVAUDIT_LLAMACPP_N_CTX", "1024"))
 N_BATCH = 512
+#: ``1``: let llama.cpp load the weights into its extra buffer types (AMX, repacked layouts). Off by default: a
+#: GCC 12 build's AMX int8 kernel segfaults on an AMX Xeon at its first batch of 2+ tokens (upstream
+#: ggml-org/llama.cpp#20824; README, "llama.cpp"), and plain CPU buffers keep the kernel paths (and so the bits)
+#: the same on CPUs with and without AMX. Read at each load and recorded as ``environment.use_extra_bufts``
+EXTRA_BUFTS_ENV = "KVAUDIT_LLAMACPP_EXTRA_BUFTS"
 
 
 def _llama_cpp() -> Any:
@@ -120,10 +126,12 @@ class LlamaCppBackend:
         type_id, self.kv_type = KV_TYPES[dtype]
         self.flash_attn = dtype in NEEDS_FLASH_ATTN
         t0 = time.perf_counter()
+        extra_bufts = os.environ.get(EXTRA_BUFTS_ENV, "0") == "1"
         # the engine's own object: weights, vocabulary, and the context that serves the warm requests
-        self.llm = lc.Llama(str(file), n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
-                            n_threads_batch=1, seed=0, logits_all=False, type_k=type_id, type_v=type_id,
-                            flash_attn=self.flash_attn, n_gpu_layers=0, verbose=False)
+        with _extra_bufts(extra_bufts):
+            self.llm = lc.Llama(str(file), n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1,
+                                n_threads_batch=1, seed=0, logits_all=False, type_k=type_id, type_v=type_id,
+                                flash_attn=self.flash_attn, n_gpu_layers=0, verbose=False)
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.dtype, self.device, self.lease = dtype, "cpu", 0
         self.attn_implementation = f"llama.cpp (flash_attn {'on' if self.flash_attn else 'off'})"
@@ -137,7 +145,8 @@ class LlamaCppBackend:
         self.environment = {"llama_cpp_python": lc.__version__, "llama_cpp_system_info":
                             lc.llama_print_system_info().decode().strip(), "kv_cache_type": {dtype: self.kv_type},
                             "flash_attn": {dtype: self.flash_attn}, "n_threads": 1, "n_batch": N_BATCH,
-                            "n_ubatch": N_BATCH, "n_ctx": N_CTX, "not_available": list(NOT_AVAILABLE)}
+                            "n_ubatch": N_BATCH, "n_ctx": N_CTX, "use_extra_bufts": extra_bufts,
+                            "not_available": list(NOT_AVAILABLE)}
 
     # -- the protocol --------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -218,6 +227,29 @@ class LlamaCppBackend:
         finally:
             del self.llm.eval
         return seen[0], seen[1]
+
+
+@contextmanager
+def _extra_bufts(on: bool) -> Iterator[None]:
+    """``Llama()`` takes no ``use_extra_bufts``: it reads ``llama_model_default_params()``, which is wrapped
+    for the load when they are turned off."""
+    if on:
+        yield
+        return
+    from llama_cpp import llama_cpp as low
+
+    default = low.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
 
 
 def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:

@@ -5,16 +5,23 @@ unless asked, refusals of what the audit cannot judge), run one forward at a tim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kvaudit.engine import state as kv
+from pytest_kvaudit.engine.backends.lean import LeanStep
 from pytest_kvaudit.engine.loading import ModelHandle, open_model
 
 
 @dataclass
 class TransformersBackend(ModelHandle):
     """A loaded transformers model with what the audit calls on it (:class:`.protocol.Backend`)."""
+
+    #: one-token steps through :class:`.lean.LeanStep` where it applies (the same ops, the same bits, less
+    #: Python per call; it checks itself against transformers' forward on its first step); False: always
+    #: transformers' forward (the benchmarks' reference)
+    lean: bool = True
+    _lean: LeanStep | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of_model(cls, model: Any, eos_ids: frozenset[int] = frozenset(), tokenizer: Any = None) -> TransformersBackend:
@@ -38,6 +45,12 @@ class TransformersBackend(ModelHandle):
     def step(self, ids: Sequence[int], state: Any) -> Any:
         import torch
 
+        if self.lean:
+            if self._lean is None or self._lean.model is not self.model:
+                self._lean = LeanStep(self.model)
+            logits = self._lean.step(ids, state)
+            if logits is not None:
+                return logits
         x = torch.tensor([list(ids)], dtype=torch.long, device=self._device)
         with torch.no_grad():
             out = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{kv.cache_kwarg(self.model): state})

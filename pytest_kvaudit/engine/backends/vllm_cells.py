@@ -1,0 +1,262 @@
+"""One cell on vLLM: the same :class:`~..records.CellRecord` the claims read, built from requests.
+
+Each construction is one request on a cold prefix cache (``reset_prefix_cache()`` first, so a unit never
+depends on what the worker served before) whose K/V over ``prefix[:-1]`` are read from its blocks as it
+finishes (:meth:`.vllm.VllmBackend.read`), and whose continuation starts from ``prefix[-1]``:
+
+- ``live``: the request that generated the trajectory; its suffix is its own tokens after the boundary;
+- ``incremental`` (the bridge): the prompt, then ``prefix[len(prompt):]`` *teacher-forced* as decode steps,
+  then free decoding: the live request's schedule over the recorded ids;
+- ``prefill`` (cold): ``prefix[:-1]`` prefilled at once, ``prefix[-1]`` forced as one decode step, then free;
+  ``num_cached_tokens == 0`` is checked;
+- ``warm``: ``prefix`` requested right after ``live``, hitting the blocks the live request wrote while
+  decoding; ``num_cached_tokens`` is the proof (``reused``; 0 is counted ``warm_cold``, never a hit);
+- ``chunked(c)``: ``prefill`` under a scheduler token budget of ``c`` (the prefill steps are the proof);
+- ``batched(B)``: ``prefill`` served in one call with ``B`` other requests (the step's request count is the proof);
+- the 2x2's ``fixed:replay`` and ``fixed:prefill`` are ``incremental`` and ``prefill`` on the fixed ids.
+
+vLLM reuses whole blocks only and always computes a prompt's last token, so the boundary moves to the last
+position at or before the marker's where ``len(prefix) - 1`` is a multiple of the block size (after it only
+for a prompt shorter than a block; the marker's is recorded): moving it later would eat the suffix of a short
+answer (measured: 7 of 8 SmolLM2 chat units lost their suffix): then ``warm`` reuses the whole ``prefix[:-1]`` and computes ``prefix[-1]`` alone, and a transplant
+overwrites whole cached blocks. A transplant writes the composed state into the cached blocks of ``prefix``
+and continues warm (:meth:`VllmCellBuilder.continue_warm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from pytest_kvaudit.engine.backends import vllm_state as vs
+from pytest_kvaudit.engine.cells import CellBuilder, prompt_ids, surely_too_long
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.decoder import Continuation
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.items import Item, find_boundary
+from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA, constructions
+from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, TOO_LONG, CellRecord, Transplant
+from pytest_kvaudit.engine.state.tensors import digest
+
+WARM = "warm"
+#: the constructions a vLLM cell builds (besides live and warm), as name prefixes
+REQUESTS = ("prefill", "incremental", "chunked(", "batched(")
+
+
+def aligned(prompt_len: int, boundary: int, block: int) -> int:
+    """The boundary whose ``prefix[:-1]`` fills whole blocks: the last one at or before ``boundary`` (the suffix
+    keeps its budget and the marker), else the first one after it (a prompt shorter than a block)."""
+    back = boundary - (prompt_len + boundary - 1) % block
+    return back if back >= 1 else boundary + (1 - prompt_len - boundary) % block
+
+
+def logits_fp(rows: Sequence[Sequence[tuple[int, float]]]) -> str:
+    """Digest of the top-k (id, raw logit) of every step: vLLM hands out no full logits vector."""
+    import struct
+
+    h = digest(b"vllm-topk")
+    for row in rows:
+        h.update(b"|" + b"".join(struct.pack("<if", t, v) for t, v in row))
+    return str(h.hexdigest())
+
+
+def margins(rows: Sequence[Sequence[tuple[int, float]]]) -> list[float]:
+    return [row[0][1] - row[1][1] if len(row) > 1 else 0.0 for row in rows]
+
+
+class VllmCellBuilder(CellBuilder):
+    """A cell computed from vLLM requests (:mod:`pytest_kvaudit.engine.backends.vllm_cells`)."""
+
+    def __init__(self, dec: Any, tokenizer: Any, cfg: Any, item_set: Any,
+                 transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
+        super().__init__(dec, tokenizer, cfg, item_set, transplant or vs.transplant, max_positions)
+        self.be = dec.backend
+        self.block = self.be.block_size
+
+    def request(self, rec: CellRecord, name: str, first: Sequence[int], force: Sequence[int], budget: int,
+                reset: bool = True, others: int = 0, tokens: int | None = None) -> Any:
+        """One request (``others`` more beside it), counted in the cost; its proof is kept on the record."""
+        if reset:
+            self.be.reset()
+        rows = [(list(first), len(force) + budget, list(force))]
+        rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force)) for k in range(1, others + 1)]
+        done = self.be.run(rows, tokens)
+        for d in done:
+            self.cost.forward_calls += len(d.steps)
+            self.cost.forward_tokens += d.prompt_len - d.cached + max(len(d.tokens) - 1, 0)
+        d = done[0]
+        if tuple(d.tokens[: len(force)]) != tuple(force):
+            raise KvauditError(f"vllm: the forced ids of {name} were not taken (the logits processor did not run)")
+        rec.requests[name] = {"prompt": d.prompt_len, "forced": len(force), "num_cached_tokens": d.cached,
+                              "prefill_chunks": d.prefill_chunks, "prefill_batch": d.prefill_batch}
+        return d
+
+    # -- the cell ------------------------------------------------------------------------------
+    def compute(self, item: Item, dtype: str, fixed_prefix: tuple[int, ...] | None,
+                grant: Callable[[], tuple[bool, ...]]) -> tuple[CellRecord, tuple[int, ...] | None]:
+        rule = BoundaryRule.parse(item.boundary or self.item_set.boundary)
+        max_new = self.item_set.max_new_tokens
+        if surely_too_long(item, self.per_token, self.max_positions):
+            return CellRecord(item.id, dtype, (), (), None, TOO_LONG, item.answer), None
+        prompt = prompt_ids(item, self.tok, self.cfg.chat_template, self.cfg.model)
+        if self.max_positions is not None and len(prompt) + max_new > self.max_positions:
+            return CellRecord(item.id, dtype, prompt, (), None, TOO_LONG, item.answer), None
+        rec, live, live_state = self.trajectory_(item, dtype, prompt, rule)
+        primary = dtype == self.cfg.primary_dtype
+        if rec.reason is not None:
+            if not primary:
+                self.fixed_prefix(rec, prompt, fixed_prefix)
+            return rec, None
+        prefix, b = rec.prefix, rec.boundary
+        assert b is not None
+        budget = max_new - b
+        states = {"live": live_state, WARM: self.warm(rec, prefix, budget, live, live_state)}
+        self.replica(rec, prompt, rule, b)
+        for name in (s.name for s in constructions(self.cfg) if s.name != WARM):  # as the plan priced them
+            if not name.startswith(REQUESTS):
+                raise KvauditError(f"--kvaudit-backend=vllm builds {', '.join(REQUESTS)}: a registered schedule "
+                                   f"({name}) is a chunk schedule of forwards, which vLLM cannot run")
+            cont, state = self.forced(rec, name, prompt, prefix, budget)
+            rec.constructions[name] = cont
+            if name == "incremental":  # the bridge: every layer's K/V as the live request wrote them
+                rec.comparison.bridge_mismatch += _mismatch(state, live_state)
+            states.setdefault(name, state)
+        self.fixed_prefix(rec, prompt, prefix if primary else fixed_prefix)
+        self.anatomy_(rec, states)
+        if rec.constructions["live"].suffix != rec.constructions["prefill"].suffix and grant()[0]:
+            self.transplants_(rec, states["live"], states["prefill"], prefix, budget)
+        return rec, prefix
+
+    def trajectory_(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any, Any]:
+        max_new = self.item_set.max_new_tokens
+        d = self.request(CellRecord(item.id, dtype, prompt, (), None, None, item.answer), "live", prompt, (), max_new)
+        gen = d.tokens
+        marker = find_boundary(gen, rule, self.decode)
+        b = None if marker is None else aligned(len(prompt), marker, self.block)
+        reason = None
+        if b is None:
+            reason = "boundary_not_reached"
+        elif b > len(gen) or b >= max_new:
+            reason = "boundary_at_eos" if b <= len(gen) and gen[b - 1] in self.dec.eos_ids else "no_suffix_budget"
+        elif gen[b - 1] in self.dec.eos_ids:
+            reason = "boundary_at_eos"
+        rec = CellRecord(item.id, dtype, prompt, gen, b if reason is None else marker, reason, item.answer)
+        rec.requests["live"] = {"prompt": len(prompt), "forced": 0, "num_cached_tokens": d.cached,
+                                "marker_boundary": marker, "boundary": b}
+        if reason is not None:
+            return rec, d, None
+        assert b is not None
+        state = self.be.read(d.blocks, len(prompt) + b - 1)
+        if self.layer_kinds is None:
+            self.layer_kinds = ["full"] * len(state.layers)
+        rec.constructions["live"] = self.labelled(rec, gen[b:], vs.fingerprint(state), logits_fp(d.rows[b:]),
+                                                  margins(d.rows[b:]), gen[:b])
+        return rec, d, state
+
+    def warm(self, rec: CellRecord, prefix: tuple[int, ...], budget: int, live: Any, live_state: Any) -> Any:
+        """``prefix`` on the blocks the live request left cached; they must be the live request's bits."""
+        h = len(prefix) - 1
+        if self.dec.faults.state is not None:  # a fault may perturb the cached blocks before the hit
+            cached = self.be.read(live.blocks, h)
+            self.dec.faults.state(cached, WARM)
+            self.be.write(live.blocks, cached)
+        d = self.request(rec, WARM, prefix, (), budget, reset=False)
+        state = self.be.read(d.blocks, h)
+        rec.comparison.bridge_mismatch += [f"{WARM}:{m}" for m in _mismatch(state, live_state)]
+        cont = self.labelled(rec, d.tokens, vs.fingerprint(state), logits_fp(d.rows), margins(d.rows),
+                             prefix[len(rec.prompt_ids):])
+        rec.constructions[WARM] = replace(cont, reused=d.cached)
+        return state
+
+    def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
+        d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens)
+        b = boundary or 0
+        if d.tokens[:b] == rec.generated[:b] and len(d.tokens) > b:
+            state = self.be.read(d.blocks, len(prompt) + b - 1)
+            c = self.labelled(rec, d.tokens[b:], vs.fingerprint(state), logits_fp(d.rows[b:]), (), d.tokens[:b])
+        else:  # the replica's generation parted before the boundary: recorded whole, with no logits
+            c = Continuation(d.tokens, "", "", None, False)
+        rec.constructions[LIVE_REPLICA.name] = c
+
+    def forced(self, rec: CellRecord, name: str, prompt: Sequence[int], prefix: Sequence[int], budget: int) -> tuple[Continuation, Any]:
+        """A construction over ``prefix[:-1]`` whose continuation starts with ``prefix[-1]`` as a decode step."""
+        base = name.split(":")[-1] if name.startswith("fixed:") else name.removesuffix(":replica")
+        if base in ("incremental", "replay"):
+            first, force = list(prompt), list(prefix[len(prompt):])
+        else:
+            first, force = list(prefix[:-1]), [prefix[-1]]
+        tokens = int(base[8:-1]) if base.startswith("chunked(") else None
+        others = int(base[8:-1]) if base.startswith("batched(") else 0
+        d = self.request(rec, name, first, force, budget, tokens=tokens, others=others)
+        if base in ("prefill", "replay") or tokens or others:
+            if d.cached:
+                raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
+        n = len(force)
+        state = self.be.read(d.blocks, len(prefix) - 1)
+        tokens, rows = d.tokens[n:], d.rows[n:]
+        if self.dec.faults.state is not None:  # a fault on this state: its blocks perturbed, then continued warm
+            before = vs.fingerprint(state)
+            self.dec.faults.state(state, name)
+            if vs.fingerprint(state) != before:
+                d = self.continue_warm(rec, f"{name}:faulted", state, prefix, budget)
+                tokens, rows = d.tokens, d.rows
+        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), list(prefix[len(prompt):]))
+        return cont, state
+
+    def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], fixed: tuple[int, ...] | None) -> None:
+        if fixed is None:
+            return
+        from pytest_kvaudit.engine.state import fingerprint_ids
+
+        rec.fixed_prefix_fp, rec.fixed_prefix_len = fingerprint_ids(fixed), len(fixed)
+        budget = self.item_set.max_new_tokens - (len(fixed) - len(prompt))
+        if budget > 0 and len(fixed) >= 2:
+            rec.fixed = {s.name.split(":")[1]: self.forced(rec, s.name, prompt, fixed, budget)[0] for s in FIXED}
+
+    # -- the anatomy and the transplants --------------------------------------------------------
+    def anatomy_(self, rec: CellRecord, states: dict[str, Any]) -> None:
+        layers = vs.compare(states["live"], states["prefill"])
+        c = rec.comparison
+        c.drift = [[x.layer, x.keys_max_abs, x.values_max_abs, x.keys_rel, x.values_rel] for x in layers]
+        c.differing_layers = [x.layer for x in layers if not x.equal]
+        c.identical_layers = [x.layer for x in layers if x.equal]
+        # warm's blocks are the live request's, written by decode; cold's (prefill's) by one prefill
+        c.first_difference = {"warm_vs_cold": vs.first_difference(states[WARM], states["prefill"]),
+                              "live_vs_cold": vs.first_difference(states["live"], states["prefill"])}
+        live, pre = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
+        j = next((i for i, (x, y) in enumerate(zip(live, pre)) if x != y), None)
+        if j is not None:
+            c.divergence_text = [self.decode([live[j]]), self.decode([pre[j]])]
+
+    def continue_warm(self, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
+        """Write ``state`` into the cached blocks of ``prefix`` and continue warm from them."""
+        h = len(prefix) - 1
+        seed = self.request(rec, f"{path}:blocks", prefix, (), 1)
+        self.be.write(seed.blocks, state)
+        d = self.request(rec, path, prefix, (), budget, reset=False)
+        if d.cached != h:
+            raise KvauditError(f"vllm: {path} reused {d.cached} tokens of the transplanted {h}")
+        return d
+
+    def transplants_(self, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int) -> None:
+        states = {"live": live, "prefill": prefill}
+        plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None) for d, r in (("live", "prefill"), ("prefill", "live"))]
+        plan += [(SHAM, n, n, None) for n in ("prefill", "live")]
+        if rec.comparison.identical_layers:
+            plan += [(IDENTICAL, d, r, tuple(rec.comparison.identical_layers)) for d, r in (("live", "prefill"), ("prefill", "live"))]
+        for kind, donor, receiver, layers in plan:
+            direction = f"{donor}_to_{receiver}"
+            path = f"transplant:{direction}" if kind == DONOR else (
+                f"transplant:sham:{receiver}" if kind == SHAM else f"transplant:{kind}:{direction}")
+            composed = self.transplant_fn(states[receiver], states[donor], layers, "kv")
+            d = self.continue_warm(rec, path, composed, prefix, budget)
+            suffix, m = d.tokens, margins(d.rows)
+            target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
+            rec.transplants.append(Transplant(direction, layers, "kv", suffix, suffix == target, kind, suffix == own,
+                                              tuple(round(x, 6) for x in m), self.decode(suffix)))
+
+
+def _mismatch(a: Any, b: Any) -> list[str]:
+    return [f"{c.layer}:{part}" for c in vs.compare(a, b) for part, same in (("k", c.keys_equal), ("v", c.values_equal))
+            if not same]

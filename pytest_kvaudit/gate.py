@@ -1,0 +1,165 @@
+"""``--kvaudit-baseline``: the checkpoint gate, on the pytest side.
+
+* At configure, before anything loads, the baseline is read and checked against the run
+  (:mod:`.engine.baseline`): a missing or damaged baseline, or one recorded for another architecture, item set,
+  n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
+* ``kvaudit::baseline`` is a test item of its own, collected when a baseline is given: it compares the two
+  ledgers token for token (:mod:`.engine.ledger_diff`) and fails, with a diff, when a rule
+  (``--kvaudit-baseline-fail``) calls a movement a regression. Being a test, it runs wherever the store is
+  (an xdist worker, a merge) and its outcome is in pytest's summary, so the summary matches the exit status.
+* A claim that passed in the baseline and no longer does fails its own test, saying so (:meth:`Gate.check_verdict`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_kvaudit import options as opt
+from pytest_kvaudit.engine.baseline import Rules, mismatches, recorded_identity
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.run_report import identity
+from pytest_kvaudit.verdicts import GATE_PROP
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.claims.base import ClaimResult
+    from pytest_kvaudit.session import KvauditSession
+
+NODE_NAME = "kvaudit::baseline"
+
+
+@dataclass
+class Gate:
+    """The baseline a run is gated on: its report, where its ledger is, and the rules."""
+
+    path: Path
+    report: dict[str, Any]
+    rules: Rules
+    ledger: Path | None  # None: a report file with no ledger beside it (counts and verdicts only)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def digest(self) -> str:
+        return str(self.report.get("model", {}).get("weights_digest", ""))
+
+    def comparable(self, name: str) -> bool:
+        """A claim's baseline verdict is the checkpoint's (not a recording run's, not a missing ledger's)."""
+        from pytest_kvaudit.report.comparison import comparable
+
+        return name in self.report.get("claims", {}) and comparable(self.report, name)
+
+    def check_verdict(self, result: ClaimResult, display: dict[str, Any]) -> str | None:
+        """Why ``result`` fails the gate against its baseline verdict, or None."""
+        was = self.report.get("claims", {}).get(result.name, {}).get("status")
+        if was is None or not self.comparable(result.name) or display.get("comparable") is False:
+            return None
+        if self.rules.verdict(was, result.status) != "regression":
+            return None
+        return (f"REGRESSION from the baseline {self.path}: {result.name} was {was}, now {result.status} "
+                f"({opt.BASELINE_FAIL}={self.rules.text()}): {result.reason}")
+
+
+def ledger_name(sess: KvauditSession) -> Path:
+    """Where a snapshots/<slug>/ folder keeps its ledger, as the claim that records it says (its last two parts)."""
+    from pytest_kvaudit.claims import registered
+
+    rec = next((p for c in registered() if (p := c.recorded_run(sess.config)) is not None), None)
+    return Path(*rec.parts[-2:]) if rec is not None else Path("ledger.json")
+
+
+def _ledger_beside(p: Path, name: Path) -> Path | None:
+    folder = p if p.is_dir() else p.parent
+    return folder / name if (folder / name).is_file() else None
+
+
+def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
+    """Read and check the baseline at configure time (a usage error, one line a reason, when it cannot gate)."""
+    if sess.baseline is None:
+        return None
+    from pytest_kvaudit.report.comparison import load_baseline
+
+    try:
+        rules = Rules.parse(opt.value(config, opt.BASELINE_FAIL), opt.source(config, opt.BASELINE_FAIL))
+        path = Path(sess.baseline)
+        gate = Gate(path, load_baseline(path), rules, _ledger_beside(path, ledger_name(sess)))
+        if hasattr(config, "workerinput") or sess.plan_only:
+            return gate  # the controller checked it; a plan computes nothing to compare
+        ident = identity(sess, strict=True)
+    except (KvauditError, OSError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    bad = mismatches(recorded_identity(gate.report), ident)
+    if bad:
+        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run (nothing computed):\n  "
+                                + "\n  ".join(bad) + "\nrecord a baseline with the same items and settings "
+                                "(--snapshot-update), or run with the baseline's")
+    if gate.ledger is None:
+        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(sess)}): verdicts compared, "
+                          "trajectories and divergent sets not")
+    return gate
+
+
+class BaselineItem(pytest.Item):
+    """``kvaudit::baseline``: the run's ledger against the baseline's, judged by the rules."""
+
+    #: it reads the store as a test using the fixture does: an xdist worker computes its share for it
+    fixturenames = ("kvaudit_store",)
+    kvaudit: KvauditSession  # set by :func:`add_item`
+
+    def runtest(self) -> None:
+        from pytest_kvaudit.engine import ledger as L
+        from pytest_kvaudit.engine.ledger_diff import compare, findings
+        sess = self.kvaudit
+        gate = sess.gate
+        assert gate is not None
+        store = sess.get_store()  # fails with the run's error; skips in a runner's shard
+        current = L.build(store)
+        if gate.ledger is None:
+            pytest.skip(gate.notes[-1] if gate.notes else "the baseline has no ledger: trajectories not compared")
+        try:
+            recorded = L.read(gate.ledger)
+        except KvauditError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        diff = compare(recorded, current)
+        found = findings(diff, gate.rules)
+        result = {"rules": gate.rules.text(), "ledger": str(gate.ledger) if gate.ledger else None,
+                  "weights_digest": {"baseline": gate.digest, "run": store.identity.get("weights_digest")},
+                  "precisions": diff, "findings": found,
+                  # bits differ across CPUs and libraries: a moved trajectory may be the environment's, said beside it
+                  "environment": [d for d in L.identity_differences(recorded, current, False)
+                                  if d.startswith("environment.")]}
+        self.user_properties.append((GATE_PROP, json.dumps(result)))
+        sess.gate_result = result
+        regressions = [f for f in found if f["kind"] == "regression"]
+        if regressions:
+            raise GateRegression(result, str(gate.path))
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
+        if isinstance(excinfo.value, GateRegression):
+            from pytest_kvaudit.report.comparison import gate_diff
+
+            return "\n".join(gate_diff(excinfo.value.result, excinfo.value.path))
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, NODE_NAME
+
+
+class GateRegression(Exception):
+    """Raised by ``kvaudit::baseline`` on a regression; its failure shows the diff, not a traceback."""
+
+    def __init__(self, result: dict[str, Any], path: str) -> None:
+        super().__init__("regression from the baseline")
+        self.result, self.path = result, path
+
+
+def add_item(session: pytest.Session, items: list[pytest.Item], sess: KvauditSession) -> None:
+    """Collect ``kvaudit::baseline`` when a baseline is given (every xdist worker collects the same one)."""
+    if sess.gate is None or sess.plan_only:
+        return
+    item = BaselineItem.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
+    item.kvaudit = sess
+    items.append(item)
