@@ -70,7 +70,8 @@ VALUE_OPTIONS: dict[str, str] = {
     TF32: "on or off: TF32 matmuls and convolutions for the fp32 cells on CUDA (default: torch's setting)",
     DEVICE_MAP: "a from_pretrained device_map such as auto, for a checkpoint bigger than one GPU (needs accelerate)",
     ATTN: "attention implementation(s), e.g. sdpa or eager,sdpa: the first runs the claims, the rest add axis rows",
-    ITEMS: "item set JSONL, or a built-in set: builtin:arith-v2, builtin:arith-v1 (default: the checkpoint's items.jsonl, else builtin:arith-v2)",
+    ITEMS: ("item set JSONL, or a built-in set: builtin:arith-v3, builtin:arith-v2, builtin:arith-v1 (default: the "
+            "checkpoint's items.jsonl, else builtin:arith-v3 through a chat template, builtin:arith-v2 without one)"),
     N: "use the first N items",
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
@@ -99,12 +100,14 @@ VALUE_OPTIONS: dict[str, str] = {
 FLAG_OPTIONS: dict[str, str] = {
     TRUST_REMOTE_CODE: "allow checkpoints that need custom code (off by default)",
     ALLOW_PICKLE: "allow pickle (.bin) weights (off by default: safetensors only)",
-    CHAT_TEMPLATE: "wrap prompts in the tokenizer's chat template",
     LEDGER_TOKENS_ONLY: "audit ledgers on token-level fields only (a cross-machine audit)",
     STRICT: "a CI gate: an inconclusive claim fails, saying what evidence was missing",
     PLAN: "print the plan (cells, forward tokens, cache memory, estimated time, what each claim can decide) "
           "after a short calibration, and run no claim",
 }
+
+CHAT_HELP = ("auto, on or off: wrap text prompts in the checkpoint's chat template (default auto: when it ships one; "
+             "the bare flag means on)")
 
 
 def dest(flag: str) -> str:
@@ -119,6 +122,8 @@ def add_options(parser: pytest.Parser) -> None:
     for flag, help_ in FLAG_OPTIONS.items():
         group.addoption(flag, dest=dest(flag), action="store_true", default=False, help=help_)
         parser.addini(dest(flag), help_, type="bool", default=False)
+    group.addoption(CHAT_TEMPLATE, dest=dest(CHAT_TEMPLATE), nargs="?", const="on", default=None, help=CHAT_HELP)
+    parser.addini(dest(CHAT_TEMPLATE), CHAT_HELP, default="")
     parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
 
 
@@ -210,8 +215,14 @@ def build_config(config: pytest.Config) -> AuditConfig:
             kw["donor_max_units"] = d
         kw["threads"] = _int(config, THREADS)
         for name, attr in ((TRUST_REMOTE_CODE, "trust_remote_code"), (ALLOW_PICKLE, "allow_pickle"),
-                           (CHAT_TEMPLATE, "chat_template"), (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):
+                           (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):
             kw[attr] = flag(config, name)
+        if config.getoption(dest(CHAT_TEMPLATE)) == "":
+            raise KvauditError(f"{CHAT_TEMPLATE} is empty: give auto, on or off, or leave the flag out")
+        if (chat := value(config, CHAT_TEMPLATE)) is not None:
+            from pytest_kvaudit.engine.chat import parse_mode
+
+            kw["chat_template"] = parse_mode(chat, source(config, CHAT_TEMPLATE))
         kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
         return AuditConfig().replace(**kw)
     except KvauditError as exc:

@@ -129,10 +129,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    from pytest_kvaudit.engine.chat import checkpoint_source, header_line
+
     c = config.stash[SESSION_KEY].config
     return [
         f"kvaudit: model={c.model} dtypes={','.join(c.dtypes)} device={c.device} "
-        f"attn={c.attn or 'checkpoint default'} seed={c.seed}"
+        f"attn={c.attn or 'checkpoint default'} seed={c.seed}",
+        f"kvaudit: {header_line(c.chat_template, checkpoint_source(c.model))}",
     ]
 
 

@@ -1,5 +1,6 @@
 """A real pretrained model through the plugin, as a user runs it: SmolLM2-135M-Instruct (converted from its
-GGUF), the default built-in set (builtin:arith-v2) through the chat template, the claims a few units can
+GGUF), the built-in set builtin:arith-v2 (named: a chat checkpoint's default is v3 now) through the chat template
+(the bare flag, which still means on), the claims a few units can
 decide. What it pins is the paper's exactness on a real checkpoint: replicas bit-identical, the
 teacher-forced bridge equal to the live cache, and no FP32 disagreement between live and prefill."""
 
@@ -31,7 +32,7 @@ def test_a_short_audit_of_smollm2(pytester: pytest.Pytester, monkeypatch: pytest
     pytester.makeini(BARS)
     report = pytester.path / "report.json"
     res = pytester.runpytest_subprocess(
-        f"--kvaudit-model={ckpt}", "--kvaudit-chat-template", f"--kvaudit-n={ITEMS}",
+        f"--kvaudit-model={ckpt}", "--kvaudit-chat-template", "--kvaudit-items=builtin:arith-v2", f"--kvaudit-n={ITEMS}",
         f"--kvaudit-max-new-tokens={MAX_NEW_TOKENS}", "--kvaudit-dtypes=bf16,fp32", f"--kvaudit-claims={','.join(CLAIMS)}",
         f"--kvaudit-report={report}", "-p", "no:cacheprovider", "-W", "ignore")
     data = json.loads(report.read_text())

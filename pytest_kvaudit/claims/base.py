@@ -267,7 +267,9 @@ def combine(statuses: Iterable[str]) -> str:
     return PASS
 
 
-def ineligible_note(records: list[CellRecord]) -> str:
+def ineligible_note(records: list[CellRecord], config: AuditConfig | None = None) -> str:
+    """The ineligible units by reason; where some never reached their boundary while the checkpoint's chat
+    template was turned off, the template named as the likely cause."""
     bad = [r for r in records if not r.eligible]
     if not bad:
         return ""
@@ -275,7 +277,12 @@ def ineligible_note(records: list[CellRecord]) -> str:
     for r in bad:
         key = r.error or r.reason or "?"
         reasons[key] = reasons.get(key, 0) + 1
-    return " (ineligible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + ")"
+    hint = ""
+    if config is not None and "boundary_not_reached" in reasons:
+        from pytest_kvaudit.engine.chat import checkpoint_source, missed_template_hint
+
+        hint = missed_template_hint(config.chat_template, checkpoint_source(config.model))
+    return " (ineligible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + hint + ")"
 
 
 def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reason: str = "") -> ClaimResult:

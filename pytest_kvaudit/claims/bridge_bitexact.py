@@ -56,7 +56,7 @@ class BridgeBitexact(Claim):
                                details=details)
         if n < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
-                                                   f"{ineligible_note(ev.records)}")
+                                                   f"{ineligible_note(ev.records, ev.config)}")
         what = "the engine's whole state, byte for byte" if whole else "every layer's K and V"
         return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} ({what}, suffix)")
 

@@ -133,7 +133,7 @@ class MatchedConstruction(Claim):
             else:
                 statuses.append(INCONCLUSIVE)
                 reasons.append(f"{d}: accuracy diff CI {_iv(ci)} wider than ±{m:g}")
-        return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records), figs,
+        return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records, ev.config), figs,
                            divergent_items, interval=primary_ci, details=details)
 
     def key_figure(self, result: ClaimResult) -> str:

@@ -56,7 +56,7 @@ class ReplicaExactness(Claim):
             return self.result(FAIL, units, k, reason, {"mismatches": len(bad)}, bad, details=details)
         if units < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, units, k, f"{units} replica units, needs {int(ev.thresholds['min_units'])}"
-                                                       f"{ineligible_note(ev.records)}")
+                                                       f"{ineligible_note(ev.records, ev.config)}")
         return self.result(PASS, units, k, f"all {units} replicas bit-identical")
 
 

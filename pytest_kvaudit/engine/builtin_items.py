@@ -1,7 +1,9 @@
 """The built-in item sets, for checkpoints that ship no ``items.jsonl``, chosen by name.
 
-A checkpoint without items gets :data:`BUILTIN_DEFAULT` (``builtin:arith-v2``, two-step problems a real
-instruct model works through: see ``builtin_arith_v2``); ``--kvaudit-items=builtin:arith-v1`` picks the
+A checkpoint without items gets :data:`BUILTIN_CHAT_DEFAULT` (``builtin:arith-v3``, one-shot word problems a
+small instruct model answers about half the time: see ``builtin_arith_v3``) when its prompts go through a chat
+template, else :data:`BUILTIN_DEFAULT` (``builtin:arith-v2``, two-step problems with an instruction: see
+``builtin_arith_v2``); ``--kvaudit-items=builtin:arith-v1`` picks the
 older set described here, kept because ledgers were recorded on it. A set's name carries its version: a
 change to its items is a new name, never a new digest under the old one.
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kvaudit.engine import builtin_arith_v2 as v2
+from pytest_kvaudit.engine import builtin_arith_v3 as v3
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet
 
@@ -38,6 +41,9 @@ BUILTIN_PATH = Path(f"<{BUILTIN_NAME}>")
 BUILTIN_SIZE = 64
 #: The set a checkpoint without items gets.
 BUILTIN_DEFAULT = v2.NAME
+#: ... when its prompts go through a chat template: one-shot problems a small instruct model answers about half
+#: the time (``builtin_arith_v3``); v2 stays the default elsewhere, so its ledgers keep their item set
+BUILTIN_CHAT_DEFAULT = v3.NAME
 #: The most items the generator is asked for; every kind of question still has unused prompts there.
 BUILTIN_MAX = 1000
 #: A token offset every model reaches, since it counts generated tokens rather than looking for text.
@@ -111,6 +117,7 @@ class BuiltinSet:
 BUILTIN_SETS: dict[str, BuiltinSet] = {
     BUILTIN_NAME: BuiltinSet(_generate, BUILTIN_SIZE, BUILTIN_BOUNDARY, BUILTIN_ANSWER_REGEX, BUILTIN_MAX_NEW_TOKENS),
     v2.NAME: BuiltinSet(v2.generate, v2.SIZE, v2.BOUNDARY, v2.ANSWER_REGEX, v2.MAX_NEW_TOKENS),
+    v3.NAME: BuiltinSet(v3.generate, v3.SIZE, v3.BOUNDARY, v3.ANSWER_REGEX, v3.MAX_NEW_TOKENS),
 }
 
 

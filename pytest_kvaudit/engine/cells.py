@@ -64,12 +64,13 @@ def surely_too_long(item: Item, per_token: int | None, limit: int | None) -> boo
     return visible > per_token * limit
 
 
-def prompt_ids(item: Item, tokenizer: Any, chat_template: bool, model: str | None = None) -> tuple[int, ...]:
-    """The item's prompt as ids: given, or encoded (in the chat template when asked)."""
+def prompt_ids(item: Item, tokenizer: Any, chat_template: bool | None, model: str | None = None) -> tuple[int, ...]:
+    """The item's prompt as ids: given, or encoded (in the chat template when on, or when the tokenizer has one
+    and the run left it to auto: ``None``, which a resolved config no longer holds)."""
     if item.prompt_ids is not None:
         return item.prompt_ids
     assert item.prompt is not None
-    if chat_template:
+    if chat_template or (chat_template is None and getattr(tokenizer, "chat_template", None)):
         return chat_prompt_ids(tokenizer, item.prompt, model)
     return tuple(tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
 

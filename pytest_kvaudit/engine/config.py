@@ -202,7 +202,7 @@ class AuditConfig:
     device_map: str | None = None  # e.g. "auto": spread a checkpoint bigger than one GPU (accelerate)
     trust_remote_code: bool = False
     allow_pickle: bool = False
-    chat_template: bool = False
+    chat_template: bool | None = None  # None: auto, the template when the checkpoint ships one (engine/chat.py)
     threads: int | None = None
     snapshots: str | None = None  # folder of recorded ledgers (default: snapshots/ under the rootdir)
     ledger_tokens_only: bool = False  # audit ledgers on token-level fields only (a cross-machine audit)

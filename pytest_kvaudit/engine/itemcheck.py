@@ -7,7 +7,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from pytest_kvaudit.engine.builtin_items import BUILTIN_DEFAULT, builtin_item_set, is_builtin
+from pytest_kvaudit.engine.builtin_items import BUILTIN_CHAT_DEFAULT, BUILTIN_DEFAULT, builtin_item_set, is_builtin
+from pytest_kvaudit.engine.chat import applies, template_source
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
@@ -15,16 +16,22 @@ from pytest_kvaudit.engine.loading import resolve_checkpoint
 
 
 def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
-    """The config with its item file resolved (the checkpoint's own by default), and the item set."""
+    """The config with its item file resolved (the checkpoint's own by default) and the chat template decided
+    (auto: on when the checkpoint ships one and the items are text), and the item set. A chat checkpoint
+    without items gets :data:`BUILTIN_CHAT_DEFAULT`, every other one :data:`BUILTIN_DEFAULT`."""
     local = resolve_checkpoint(cfg.model, cfg.trust_remote_code)  # a missing checkpoint is named first
+    source = template_source(local)
     if not cfg.items and (local / "items.jsonl").is_file():
         cfg = cfg.replace(items=str(local / "items.jsonl"))
     if not cfg.items or is_builtin(cfg.items):  # no item set, or one named: a built-in set, named in the report
-        iset = builtin_item_set(cfg.n, cfg.items or BUILTIN_DEFAULT)
+        chat = cfg.chat_template if cfg.chat_template is not None else source is not None
+        iset = builtin_item_set(cfg.n, cfg.items or (BUILTIN_CHAT_DEFAULT if chat else BUILTIN_DEFAULT))
         over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
                                   ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
-        return cfg, dataclasses.replace(iset, **over)
-    return cfg, load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+        iset = dataclasses.replace(iset, **over)
+    else:
+        iset = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+    return cfg.replace(chat_template=applies(cfg.chat_template, source, iset.items)), iset
 
 
 def check_markers(items: Iterable[Item], item_set: ItemSet, tokenizer: Any, model: str) -> None:

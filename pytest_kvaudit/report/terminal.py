@@ -64,7 +64,7 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             out.append(f"backend llama.cpp (llama-cpp-python {e['llama_cpp_python']}), K/V cache {kvt}; not available: "
                        f"{', '.join(e.get('not_available', [])) or 'none'}")
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
-    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel})")
+    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel}){_template_hint(it)}")
     out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")
     for name in ordered(report):
         c = report["claims"][name]
@@ -92,6 +92,15 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     if cost and plan.get("forward_tokens"):
         out.append(plan_vs_actual(plan, cost))
     return out
+
+
+def _template_hint(items: Mapping[str, Any]) -> str:
+    """Items short of their boundary while the checkpoint's chat template was left off: name the likely cause."""
+    chat = items.get("chat_template") or {}
+    if not items.get("ineligible", {}).get("boundary_not_reached") or chat.get("applied") or not chat.get("source"):
+        return ""
+    return (f"; the chat template ({chat['source']}) was off: an instruct model fed bare prompts rarely reaches "
+            "the boundary, so --kvaudit-chat-template=auto or on is the likely fix")
 
 
 def plan_vs_actual(plan: Mapping[str, Any], cost: Mapping[str, Any]) -> str:
