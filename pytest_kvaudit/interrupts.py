@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.dist.stop import StopFlag, Watcher
-from pytest_kvaudit.session import uses_store
+from pytest_kvaudit.selection import uses_store
 
 #: syrupy's warning at the end of an xdist run whose workers did not report; an interrupted run's workers
 #: never do, and under ``filterwarnings = error`` it would replace the interrupted summary with a traceback

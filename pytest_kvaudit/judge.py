@@ -14,6 +14,7 @@ import pytest
 from pytest_kvaudit import verdicts
 from pytest_kvaudit.claims import base as claims
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.report.writers import wants_sections
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
@@ -72,7 +73,7 @@ class Judge:
             claim = claims.get(result.name)
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
-        if claim is not None and self.session.wants_sections:
+        if claim is not None and wants_sections(self.session.outputs):
             from pytest_kvaudit.run_report import run_info
 
             run = self.session.run_info or run_info(self.store, self.session.config, self.session.selected())

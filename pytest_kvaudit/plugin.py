@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = keep
     gate.add_item(session, items, config.stash[SESSION_KEY])
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
-        from pytest_kvaudit.session import uses_store
+        from pytest_kvaudit.selection import uses_store
 
         for item in filter(uses_store, items):
             item.add_marker(pytest.mark.skip(reason=PLAN_SKIP))

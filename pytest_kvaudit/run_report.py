@@ -81,7 +81,6 @@ def run_info(store: Store, config: AuditConfig, claims: Sequence[Claim] | None =
     from pytest_kvaudit.claims import registered
     from pytest_kvaudit.claims.analyses import build as analyses
     from pytest_kvaudit.claims.needs import minimal_tokens
-    from pytest_kvaudit.engine.chat import checkpoint_source, report_block
     from pytest_kvaudit.engine.itemcheck import item_set_name
     from pytest_kvaudit.engine.pricing import price
     from pytest_kvaudit.report.document import items_block
@@ -94,7 +93,7 @@ def run_info(store: Store, config: AuditConfig, claims: Sequence[Claim] | None =
         "model": store.identity,
         "environment": store.environment,
         "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store.item_set),
-                  **report_block(config.chat_template, bool(store.cfg.chat_template), checkpoint_source(store.cfg.model))},
+                  **store.item_set.chat},
         "cost": {"forward_calls": store.cost.forward_calls, "forward_tokens": store.cost.forward_tokens,
                  "minimal_forward_tokens": minimal, "seconds": store.cost.seconds, "stages": dict(store.stages)},
         # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens

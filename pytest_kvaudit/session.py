@@ -13,6 +13,7 @@ import pytest
 from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.selection import claims_of, uses_store
 
 #: where an xdist worker ships its selection to the controller (``workeroutput``)
 SELECTION_KEY = "kvaudit_selection"
@@ -67,13 +68,6 @@ class KvauditSession:
 
         return self.outputs.get(WRITERS[0].flag)
 
-    @property
-    def wants_sections(self) -> bool:
-        """A format that shows the claims' own HTML sections is asked for: the claims render them."""
-        from pytest_kvaudit.report.writers import WRITERS
-
-        return any(w.sections and w.flag in self.outputs for w in WRITERS)
-
     # -- the store: its lifecycle lives in dist.lifecycle; here it meets pytest ---------------------
     @property
     def lifecycle(self) -> Lifecycle:
@@ -90,12 +84,13 @@ class KvauditSession:
         ``--kvaudit-shard`` run every kvaudit test skips once the shard is recorded, saying how to judge it."""
         if self.store is None and self.error is None:
             from pytest_kvaudit.progress import printer
+            from pytest_kvaudit.run_plan import check_covered
 
             try:
                 self.store = self.lifecycle.obtain(self.make_plan, printer(self.pytest_config))
                 self.config = self.lifecycle.config  # a merge runs the partials' plan
                 if self.store is not None:
-                    self._check_covered(self.store.cfg)
+                    check_covered(self.selected(), self.store.cfg)
             except KvauditError as exc:
                 self.error = str(exc)
         if self.error is not None:
@@ -125,12 +120,8 @@ class KvauditSession:
         from pytest_kvaudit.claims import registered
         from pytest_kvaudit.claims.needs import builtin, work
 
-        known = {c.name for c in registered()}
         readers = [i for i in items if uses_store(i)]
-        marked = {i.nodeid: n for i in readers if (m := i.get_closest_marker("kvaudit_claim")) and m.args
-                  and (n := str(m.args[0])) in known}
-        self.collected_claims = set(marked.values())
-        self.undeclared = [i.name for i in readers if i.nodeid not in marked]
+        self.collected_claims, self.undeclared = claims_of(readers, {c.name for c in registered()})
         if readers:
             every = filter(builtin, registered())
             self.config = self.config.replace(work=work(self.selected(), self.config, every, self.analyses))
@@ -146,55 +137,22 @@ class KvauditSession:
         self.collected_claims, self.undeclared = set(shipped["claims"]), list(shipped["undeclared"])
         self.config = self.config.replace(work=None if shipped["work"] is None else tuple(shipped["work"]))
 
-    def _check_covered(self, cfg: AuditConfig) -> None:
-        """A merge judges what its shards computed: a selected claim whose needs they did not compute is an error."""
-        from pytest_kvaudit.engine.pipeline import computes
-
-        for c in self.selected():
-            lacking = [n for n in (c.needs or ("everything",)) if cfg.work is not None and not computes(cfg.work, n)]
-            if lacking:
-                raise KvauditError(f"claim {getattr(c, 'name', 'of a test reading the store')} needs {', '.join(lacking)}, which the "
-                                   f"run it judges did not compute (it computed {', '.join(cfg.work or ())}): give "
-                                   "the shards the same --kvaudit-claims, -k and test paths as the merge")
-
     def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
-        """The run's plan over the whole item set (:mod:`.engine.plan`), for the claims this run selects: what
-        each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
-        run a claim recorded (a ledger), if any. A test that reads the store without a claim gets a row too."""
-        from functools import partial
+        """The run's plan for the claims this run selects (:func:`.run_plan.claims_plan`)."""
+        from pytest_kvaudit.run_plan import claims_plan
 
-        from pytest_kvaudit.claims import least_units, registered
-        from pytest_kvaudit.engine.plan import make_plan
-
-        claims = [c for c in self.selected() if hasattr(c, "name")]
-        th = {c.name: c.resolve(store.cfg, self.thresholds.get(c.name, {})) for c in claims}
-        least = {c.name: least_units(c, self.thresholds.get(c.name, {}), store.cfg) for c in claims}
-        ledger = next((p for c in registered() if (p := c.recorded_run(store.cfg)) is not None), None)
-        plan = make_plan(store, least, ledger, workers, sample, {c.name: c.applicable(store.cfg) for c in claims},
-                         {c.name: partial(c.strict_needs, th[c.name]) for c in claims})
-        for c in claims:
-            plan["claims"][c.name]["reads"] = "everything" if c.needs is None else list(c.needs)
-        for name in self.undeclared:
-            plan["claims"][name] = {"decides": "not declared", "needs": {}, "strict": {"n": None, "by": {}},
-                                    "reads": "everything (a test reading the store, no Claim class)"}
-        return plan
+        return claims_plan(self.selected(), self.undeclared, self.thresholds, store, workers, sample)
 
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
         one is asked for, holds the plan block alone."""
-        from pytest_kvaudit.engine.calibrate import SAMPLE
-        from pytest_kvaudit.engine.estimate import remember
+        from pytest_kvaudit.run_plan import price_only
 
         try:
-            self.plan = self.make_plan(self.lifecycle.open(), workers, SAMPLE)
+            self.plan = price_only(self.make_plan, self.lifecycle.open(), workers, self.pytest_config, self.config,
+                                   self.report_path)
         except KvauditError as exc:
             self.error = str(exc)
-            return
-        remember(getattr(self.pytest_config, "cache", None), self.config, self.plan)  # the run's end compares
-        if self.report_path is not None:
-            from pytest_kvaudit.report.document import write
-
-            write({"plan": self.plan, "config": {"dtypes": list(self.config.dtypes)}}, self.report_path)
 
     @pytest.hookimpl
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -226,8 +184,3 @@ class KvauditSession:
         from pytest_kvaudit import verdicts
 
         verdicts.collect(self, report)
-
-
-def uses_store(item: pytest.Item) -> bool:
-    """A kvaudit test: one that reads the store (``kvaudit_judge`` and ``kvaudit_records`` do)."""
-    return "kvaudit_store" in getattr(item, "fixturenames", ())

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from pytest_kvaudit.claims.analyses import first_divergence
 from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.engine.errors import KvauditError
 
@@ -301,17 +300,3 @@ def lossy_note(config: AuditConfig) -> str:
     kinds = [k for k in config.cache_axes if is_lossy(k)]
     return (f" (lossy cache kinds {', '.join(kinds)} skipped: lossy by design, audited against the exact cache "
             "within a label-change budget, never for exactness)") if kinds else ""
-
-
-def detail(rec: CellRecord, a_name: str, a: Any, b_name: str, b: Any, **extra: Any) -> dict[str, Any]:
-    """One counterexample for people: where continuation ``a`` and ``b`` (anything with ``suffix``,
-    ``margins`` and ``text``) of ``rec`` part, the top-2 margin there under each, and both as text."""
-    j = first_divergence(a.suffix, b.suffix)
-
-    def margin(c: Any) -> float | None:
-        m = getattr(c, "margins", ())
-        return m[j] if j is not None and j < len(m) else None
-
-    return {"unit": f"{rec.item_id}@{rec.dtype}", "item": rec.item_id, "dtype": rec.dtype, "a": a_name, "b": b_name,
-            "position": j, "margin_a": margin(a), "margin_b": margin(b), "text_a": getattr(a, "text", ""),
-            "text_b": getattr(b, "text", ""), **extra}

@@ -13,11 +13,11 @@ from pytest_kvaudit.claims.base import (
     ClaimResult,
     Evidence,
     Threshold,
-    detail,
     ineligible_note,
     names,
     register,
 )
+from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.engine.backends import lacks
 

@@ -17,10 +17,10 @@ from pytest_kvaudit.claims.base import (
     Evidence,
     Threshold,
     combine,
-    detail,
     names,
     register,
 )
+from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, table
 from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.engine.backends import lacks

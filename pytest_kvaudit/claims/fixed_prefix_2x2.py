@@ -15,10 +15,10 @@ from pytest_kvaudit.claims.base import (
     Evidence,
     Threshold,
     combine,
-    detail,
     names,
     register,
 )
+from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
 from pytest_kvaudit.engine.config import LOW_PRECISION

@@ -16,10 +16,10 @@ from pytest_kvaudit.claims.base import (
     Evidence,
     Threshold,
     combine,
-    detail,
     ineligible_note,
     register,
 )
+from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin
 

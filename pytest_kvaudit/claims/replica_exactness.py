@@ -19,11 +19,11 @@ from pytest_kvaudit.claims.base import (
     ClaimResult,
     Evidence,
     Threshold,
-    detail,
     ineligible_note,
     names,
     register,
 )
+from pytest_kvaudit.claims.counterexample import detail
 
 
 @register

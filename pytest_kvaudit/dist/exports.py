@@ -13,7 +13,6 @@ from pytest_kvaudit.engine.files import atomic_write_text
 
 if TYPE_CHECKING:
     from pytest_kvaudit.dist.stop import StopFlag
-    from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.store import Store
 
 

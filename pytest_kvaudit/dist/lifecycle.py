@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.dist.exports import export, finish_shard, write_partial, write_export, write_export_error
-from pytest_kvaudit.dist.merge import merge_partials, merge_exports
+from pytest_kvaudit.dist.exports import export, finish_shard, write_export, write_export_error, write_partial
+from pytest_kvaudit.dist.merge import merge_exports, merge_partials
 from pytest_kvaudit.dist.queue import WorkQueue
 from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig

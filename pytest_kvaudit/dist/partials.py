@@ -17,15 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, WORK_FIELDS, AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.items import Item, ItemSet
 from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.engine.items import Item, ItemSet
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
@@ -59,7 +58,7 @@ def item_set_info(item_set: ItemSet, name: str) -> dict[str, Any]:
         h.update(b"\n")
     return {"name": name, "path": str(item_set.path), "count": len(item_set.items), "digest": f"sha256:{h.hexdigest()}",
             "boundary": item_set.boundary, "answer_regex": item_set.answer_regex,
-            "max_new_tokens": item_set.max_new_tokens,
+            "max_new_tokens": item_set.max_new_tokens, "chat": item_set.chat,
             # ids and answers in order: the merge rebuilds the set's order and labels without the file
             "items": [[it.id, it.answer] for it in item_set.items]}
 
@@ -152,7 +151,7 @@ def item_set(doc: dict[str, Any]) -> ItemSet:
     """The item set as the merge needs it (order, ids, answers and rules), rebuilt from a partial."""
     s = doc["item_set"]
     return ItemSet(Path(s["path"]), tuple(Item(str(i), str(a)) for i, a in s["items"]), s["boundary"], s["answer_regex"],
-                   int(s["max_new_tokens"]))
+                   int(s["max_new_tokens"]), dict(s.get("chat") or {}))
 
 
 def config(doc: dict[str, Any], own: AuditConfig) -> AuditConfig:

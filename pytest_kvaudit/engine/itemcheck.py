@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_kvaudit.engine.builtin_items import BUILTIN_CHAT_DEFAULT, BUILTIN_DEFAULT, builtin_item_set, is_builtin
-from pytest_kvaudit.engine.chat import applies, template_source
+from pytest_kvaudit.engine.chat import applies, report_block, template_source
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
@@ -31,7 +31,9 @@ def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
         iset = dataclasses.replace(iset, **over)
     else:
         iset = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
-    return cfg.replace(chat_template=applies(cfg.chat_template, source, iset.items)), iset
+    applied = applies(cfg.chat_template, source, iset.items)
+    iset = dataclasses.replace(iset, chat=report_block(cfg.chat_template, applied, source))
+    return cfg.replace(chat_template=applied), iset
 
 
 def check_markers(items: Iterable[Item], item_set: ItemSet, tokenizer: Any, model: str) -> None:

@@ -41,6 +41,9 @@ class ItemSet:
     boundary: str
     answer_regex: str
     max_new_tokens: int
+    #: the report's ``items.chat_template`` block as the run resolved it (:func:`.chat.report_block`); a
+    #: merge reads it from the shards' partials, since its own options may not say what the shards asked
+    chat: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def _where(path: Path, lineno: int) -> str:

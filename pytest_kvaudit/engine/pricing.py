@@ -308,6 +308,3 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
                   "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
                   "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
-
-
-# -- calibration: a few real forwards at each precision -----------------------------------------------

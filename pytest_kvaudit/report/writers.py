@@ -36,3 +36,8 @@ WRITERS = (
     Writer("--kvaudit-html", "write the human report (tables and figures) as HTML to this path", "html:write",
            sections=True),
 )
+
+
+def wants_sections(outputs: Mapping[str, Path]) -> bool:
+    """A format that shows the claims' own HTML sections is asked for: the claims render them."""
+    return any(w.sections and w.flag in outputs for w in WRITERS)

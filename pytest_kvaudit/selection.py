@@ -1,0 +1,20 @@
+"""Which collected tests are kvaudit's and which claims they judge: read off the items (their fixtures and
+``kvaudit_claim`` marks) without importing pytest, so the session and the interrupt handler share one rule."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+
+def uses_store(item: Any) -> bool:
+    """A kvaudit test: one that reads the store (``kvaudit_judge`` and ``kvaudit_records`` do)."""
+    return "kvaudit_store" in getattr(item, "fixturenames", ())
+
+
+def claims_of(readers: Sequence[Any], known: Collection[str]) -> tuple[set[str], list[str]]:
+    """The registered claims that the store's readers judge (their ``kvaudit_claim`` marks), and the names
+    of the readers that declare no registered claim (each gets a claim that reads everything)."""
+    marked = {i.nodeid: n for i in readers if (m := i.get_closest_marker("kvaudit_claim")) and m.args
+              and (n := str(m.args[0])) in known}
+    return set(marked.values()), [i.name for i in readers if i.nodeid not in marked]
