@@ -37,6 +37,7 @@ N = "--kvaudit-n"
 BOUNDARY = "--kvaudit-boundary"
 ANSWER_REGEX = "--kvaudit-answer-regex"
 MAX_NEW_TOKENS = "--kvaudit-max-new-tokens"
+STOP_REGEX = "--kvaudit-stop-regex"
 SEED = "--kvaudit-seed"
 REPORT = "--kvaudit-report"
 CHUNKS = "--kvaudit-chunks"
@@ -76,6 +77,8 @@ VALUE_OPTIONS: dict[str, str] = {
     BOUNDARY: "boundary marker string, or tokens:K (default: the item set's)",
     ANSWER_REGEX: "regex whose first group is the answer (default: the item set's)",
     MAX_NEW_TOKENS: "generation budget per trajectory (default: the item set's)",
+    STOP_REGEX: "a suffix ends once its text matches this regex, in every construction (default: the item set's; "
+                "off: decode every suffix to its budget or EOS)",
     SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
@@ -209,6 +212,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
             kw["boundary"] = b
         kw["answer_regex"] = value(config, ANSWER_REGEX)
         kw["max_new_tokens"] = _int(config, MAX_NEW_TOKENS)
+        kw["stop_regex"] = value(config, STOP_REGEX)
         kw["seed"] = _int(config, SEED) or 0
         kw["chunks"] = parse_chunks(value(config, CHUNKS))
         if (d := _int(config, DONOR_UNITS)) is not None:

@@ -93,7 +93,7 @@ def run_info(store: Store, config: AuditConfig, claims: Sequence[Claim] | None =
         "model": store.identity,
         "environment": store.environment,
         "items": {**items_block(store.records.values(), [i.id for i in store.items]), "set": item_set_name(store.item_set),
-                  **store.item_set.chat},
+                  **store.item_set.chat, "stop_regex": store.item_set.stop_regex},
         "cost": {"forward_calls": store.cost.forward_calls, "forward_tokens": store.cost.forward_tokens,
                  "minimal_forward_tokens": minimal, "seconds": store.cost.seconds, "stages": dict(store.stages)},
         # the plan's model of the work applied to the lengths the run produced: equal to cost.forward_tokens

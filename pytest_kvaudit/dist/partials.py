@@ -31,7 +31,7 @@ PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
 #: what decides what a shard computes (AuditConfig.work_identity): shards must agree on every one of them
 PLAN_FIELDS = (*WORK_FIELDS, "constructions")
 #: item-set fields compared across shards (the path is left out: each runner checks out to its own folder)
-ITEM_SET_FIELDS = ("count", "digest", "boundary", "answer_regex", "max_new_tokens")
+ITEM_SET_FIELDS = ("count", "digest", "boundary", "answer_regex", "max_new_tokens", "stop_regex")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -58,7 +58,7 @@ def item_set_info(item_set: ItemSet, name: str) -> dict[str, Any]:
         h.update(b"\n")
     return {"name": name, "path": str(item_set.path), "count": len(item_set.items), "digest": f"sha256:{h.hexdigest()}",
             "boundary": item_set.boundary, "answer_regex": item_set.answer_regex,
-            "max_new_tokens": item_set.max_new_tokens, "chat": item_set.chat,
+            "max_new_tokens": item_set.max_new_tokens, "stop_regex": item_set.stop_regex, "chat": item_set.chat,
             # ids and answers in order: the merge rebuilds the set's order and labels without the file
             "items": [[it.id, it.answer] for it in item_set.items]}
 
@@ -151,7 +151,7 @@ def item_set(doc: dict[str, Any]) -> ItemSet:
     """The item set as the merge needs it (order, ids, answers and rules), rebuilt from a partial."""
     s = doc["item_set"]
     return ItemSet(Path(s["path"]), tuple(Item(str(i), str(a)) for i, a in s["items"]), s["boundary"], s["answer_regex"],
-                   int(s["max_new_tokens"]), dict(s.get("chat") or {}))
+                   int(s["max_new_tokens"]), s.get("stop_regex"), dict(s.get("chat") or {}))
 
 
 def config(doc: dict[str, Any], own: AuditConfig) -> AuditConfig:
@@ -160,7 +160,7 @@ def config(doc: dict[str, Any], own: AuditConfig) -> AuditConfig:
     s = doc["item_set"]
     model = str(EMBEDDED_DIR) if doc["model"].get("id") == "embedded" else str(doc["model"].get("id") or own.model)
     return own.replace(**plan, model=model, items=s["path"], boundary=s["boundary"], answer_regex=s["answer_regex"],
-                       max_new_tokens=s["max_new_tokens"])
+                       max_new_tokens=s["max_new_tokens"], stop_regex=s.get("stop_regex") or "off")
 
 
 def exports(parts: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -127,7 +127,7 @@ def run_identity(cfg: AuditConfig) -> dict[str, Any]:
     work = cfg.work_identity()
     settings = {k: work[k] for k in SETTINGS if k in work}
     settings.update(cache_axes=list(cfg.cache_axes), boundary=iset.boundary, answer_regex=iset.answer_regex,
-                    max_new_tokens=iset.max_new_tokens)
+                    max_new_tokens=iset.max_new_tokens, **({"stop_regex": iset.stop_regex} if iset.stop_regex else {}))
     return {"model": _model(cfg, resolve_checkpoint(cfg.model, cfg.trust_remote_code)),
             "items": {"set": item_set_name(iset), "count": len(iset.items), "digest": items_digest(iset.items)},
             "settings": settings}
@@ -138,6 +138,8 @@ def partial_identity(head: Mapping[str, Any]) -> dict[str, Any]:
     plan, iset, model = head.get("plan", {}), head.get("item_set", {}), head.get("model", {})
     settings = {k: plan.get(k) for k in SETTINGS if k in plan}
     settings.update({k: iset.get(k) for k in ("boundary", "answer_regex", "max_new_tokens")})
+    if iset.get("stop_regex"):
+        settings["stop_regex"] = iset["stop_regex"]
     return {"model": {k: model.get(k) for k in MODEL_FIELDS},
             "items": {"set": iset.get("name"), "count": iset.get("count"), "digest": iset.get("digest")},
             "settings": settings}
@@ -179,4 +181,6 @@ def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]
     for f in SETTINGS:  # a field one side never recorded (an older report) is not compared
         if f in bs and f in rs and bs[f] != rs[f]:
             out.append(f"settings.{f}: baseline {_show(bs[f])}, this run {_show(rs.get(f))}")
+    if bs.get("stop_regex") != rs.get("stop_regex"):  # written only where a set has one: absent is none
+        out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run {_show(rs.get('stop_regex'))}")
     return out

@@ -34,6 +34,11 @@ BOUNDARY = ", so"
 MAX_NEW_TOKENS = 56
 #: the number after the first "answer is" / "Answer:", and only before the model starts a question of its own
 ANSWER_REGEX = r"(?s)\A(?:(?!Question:).)*?[Aa]nswer(?:\s+is|:)\D{0,12}?(-?\d+)"
+#: a suffix ends once its text holds the first answer, whole (a non-digit after its digits), or the model starts
+#: a question of its own: what follows is never the label. The boundary precedes every answer (the script's
+#: figures), so the label and the answer read from a stopped suffix are the ones the whole budget gives; the
+#: tokens after them (a third of a trajectory on SmolLM2) are no longer decoded by any construction
+STOP_REGEX = r"(?s)\A(?:(?!Question:).)*?(?:[Aa]nswer(?:\s+is|:)\D{0,12}?-?\d+\D|Question:)"
 
 _NAMES = ("Tom", "Ana", "Lee", "Mia", "Sam", "Raj", "Eva", "Max")
 _THINGS = ("apples", "books", "coins", "stamps", "marbles", "pens", "cards", "shells")

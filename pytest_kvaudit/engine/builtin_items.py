@@ -111,13 +111,14 @@ class BuiltinSet:
     boundary: str
     answer_regex: str
     max_new_tokens: int
+    stop_regex: str | None = None
 
 
 #: every built-in set by the name ``--kvaudit-items`` and the report's ``items.set`` use
 BUILTIN_SETS: dict[str, BuiltinSet] = {
     BUILTIN_NAME: BuiltinSet(_generate, BUILTIN_SIZE, BUILTIN_BOUNDARY, BUILTIN_ANSWER_REGEX, BUILTIN_MAX_NEW_TOKENS),
     v2.NAME: BuiltinSet(v2.generate, v2.SIZE, v2.BOUNDARY, v2.ANSWER_REGEX, v2.MAX_NEW_TOKENS),
-    v3.NAME: BuiltinSet(v3.generate, v3.SIZE, v3.BOUNDARY, v3.ANSWER_REGEX, v3.MAX_NEW_TOKENS),
+    v3.NAME: BuiltinSet(v3.generate, v3.SIZE, v3.BOUNDARY, v3.ANSWER_REGEX, v3.MAX_NEW_TOKENS, v3.STOP_REGEX),
 }
 
 
@@ -145,4 +146,4 @@ def builtin_item_set(n: int | None = None, name: str = BUILTIN_DEFAULT) -> ItemS
             "lower --kvaudit-n or pass --kvaudit-items=FILE.jsonl"
         )
     return ItemSet(path=Path(f"<{name}>"), items=spec.generate(count), boundary=spec.boundary,
-                   answer_regex=spec.answer_regex, max_new_tokens=spec.max_new_tokens)
+                   answer_regex=spec.answer_regex, max_new_tokens=spec.max_new_tokens, stop_regex=spec.stop_regex)

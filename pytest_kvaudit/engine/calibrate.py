@@ -28,6 +28,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     from pytest_kvaudit.engine.cells import prompt_ids
     from pytest_kvaudit.engine.config import BoundaryRule
     from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
+    from pytest_kvaudit.engine.items import stopper
 
     def sync(dev: Any) -> None:
         if getattr(dev, "type", "") == "cuda":
@@ -49,6 +50,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
             tokens += cost.forward_tokens
             continue
         dec = Decoder(h, h.eos_ids, cost)
+        dec.stop = stopper(iset, partial(_decode, h.tokenizer))
         if prompts:  # one untimed forward: one-time kernel set-up is not a per-call cost
             dec.step(list(prompts[0]), dec.fresh())
         rows: list[dict[str, Any]] = []

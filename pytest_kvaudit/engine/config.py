@@ -190,6 +190,7 @@ class AuditConfig:
     boundary: str | None = None
     answer_regex: str | None = None
     max_new_tokens: int | None = None
+    stop_regex: str | None = None  # None: the item set's; "off": none
     seed: int = 0
     chunks: tuple[int, ...] = ()
     donor_max_units: int = 64

@@ -71,6 +71,8 @@ class Decoder:
         self.path = ""  # what is being computed, for the fault hooks
         #: the layout of every fresh cache: dynamic, or static preallocated to ``max_cache_len`` positions
         self.cache_kind, self.max_cache_len = cache_kind, max_cache_len
+        #: the item set's stop rule over a suffix's ids (:func:`.items.stopper`): a suffix ends at its first match
+        self.stop: Callable[[Sequence[int]], bool] | None = None
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
         """Feed ``ids`` on top of ``cache`` (mutated); the next-token logits, shape ``[vocab]``."""
@@ -182,7 +184,8 @@ def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
 
     Returns the suffix and the digest of every logits vector on the way; ``margins`` (when given)
     receives each step's top-2 margin. With ``follow``, decoding also stops at the first token that departs
-    from it: whether the suffix equals ``follow`` is decided there (the layer sweep asks only that).
+    from it: whether the suffix equals ``follow`` is decided there (the layer sweep asks only that). The
+    decoder's stop rule (``dec.stop``) ends the suffix where its text says, as it ends the live one.
     """
     digest = _LogitsDigest()
     suffix: list[int] = []
@@ -197,6 +200,8 @@ def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
             margins.append(m)
         suffix.append(tok)
         if tok in dec.eos_ids or (follow is not None and follow[len(suffix) - 1:len(suffix)] != (tok,)):
+            break
+        if dec.stop is not None and dec.stop(suffix):
             break
     return tuple(suffix), digest.hexdigest()
 
@@ -256,6 +261,8 @@ def trajectory(
                 state = kv.clone(cache)
         if tok in dec.eos_ids or len(gen) >= max_new_tokens:
             break
+        if boundary is not None and len(gen) > boundary and dec.stop is not None and dec.stop(gen[boundary:]):
+            break  # the suffix is whole: every construction's continuation stops by the same rule
         logits = dec.step([tok], cache)
         if boundary is not None:
             digest.add(logits)

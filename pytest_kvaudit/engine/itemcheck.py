@@ -11,7 +11,7 @@ from pytest_kvaudit.engine.builtin_items import BUILTIN_CHAT_DEFAULT, BUILTIN_DE
 from pytest_kvaudit.engine.chat import applies, report_block, template_source
 from pytest_kvaudit.engine.config import EMBEDDED_DIR, EMBEDDED_NAME, AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.items import Item, ItemSet, load_item_set
+from pytest_kvaudit.engine.items import Item, ItemSet, check_stop_regex, load_item_set
 from pytest_kvaudit.engine.loading import resolve_checkpoint
 
 
@@ -28,9 +28,12 @@ def resolve(cfg: AuditConfig) -> tuple[AuditConfig, ItemSet]:
         iset = builtin_item_set(cfg.n, cfg.items or (BUILTIN_CHAT_DEFAULT if chat else BUILTIN_DEFAULT))
         over: dict[str, Any] = {k: v for k, v in (("boundary", cfg.boundary), ("answer_regex", cfg.answer_regex),
                                   ("max_new_tokens", cfg.max_new_tokens)) if v is not None}
+        if cfg.stop_regex is not None:
+            over["stop_regex"] = check_stop_regex(cfg.stop_regex)
         iset = dataclasses.replace(iset, **over)
     else:
-        iset = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens)
+        iset = load_item_set(cfg.items_path(), cfg.n, cfg.boundary, cfg.answer_regex, cfg.max_new_tokens,
+                             cfg.stop_regex)
     applied = applies(cfg.chat_template, source, iset.items)
     iset = dataclasses.replace(iset, chat=report_block(cfg.chat_template, applied, source))
     return cfg.replace(chat_template=applied), iset

@@ -2,8 +2,8 @@
 
 An item set is ``NAME.jsonl`` with one JSON object a line (``id``, ``prompt`` or ``prompt_ids``,
 ``answer``, optional ``boundary``), and optionally ``NAME.meta.json`` beside it with the set's
-defaults (``boundary``, ``answer_regex``, ``max_new_tokens``), so that an item set carries the rules
-it was written for.
+defaults (``boundary``, ``answer_regex``, ``max_new_tokens``, ``stop_regex``), so that an item set carries the
+rules it was written for.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class ItemSet:
     boundary: str
     answer_regex: str
     max_new_tokens: int
+    #: where a suffix ends before its budget (like a stop string): decoding after the boundary stops at the first
+    #: token after which the suffix's text matches this regex; None decodes to the budget or EOS (:func:`stopper`)
+    stop_regex: str | None = None
     #: the report's ``items.chat_template`` block as the run resolved it (:func:`.chat.report_block`); a
     #: merge reads it from the shards' partials, since its own options may not say what the shards asked
     chat: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -119,7 +122,7 @@ def load_meta(path: Path) -> dict[str, Any]:
     for key, (ok, want) in META_FIELDS.items():
         if key in meta and meta[key] is not None and not ok(meta[key]):
             raise KvauditError(f"{meta_path}: field {key!r} must be {want}, got {json.dumps(meta[key])[:60]}")
-    for key in ("boundary", "answer_regex"):
+    for key in ("boundary", "answer_regex", "stop_regex"):
         if meta.get(key) == "":
             raise KvauditError(f"{meta_path}: field {key!r} is empty: give a value or delete the field")
     if meta.get("boundary"):
@@ -139,6 +142,7 @@ META_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "boundary": (lambda v: isinstance(v, str), "a marker string or 'tokens:K'"),
     "answer_regex": (lambda v: isinstance(v, str), "a regex string with one capturing group"),
     "max_new_tokens": (_positive_int, "a whole number >= 1"),
+    "stop_regex": (lambda v: isinstance(v, str), "a regex string (where a suffix ends before its budget)"),
 }
 
 
@@ -148,6 +152,7 @@ def load_item_set(
     boundary: str | None = None,
     answer_regex: str | None = None,
     max_new_tokens: int | None = None,
+    stop_regex: str | None = None,
 ) -> ItemSet:
     """Read an item set; explicit arguments override the set's ``.meta.json``, which overrides defaults."""
     if not path.is_file():
@@ -178,7 +183,41 @@ def load_item_set(
     mnt = int(max_new_tokens if max_new_tokens is not None else meta.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
     if mnt < 1:
         raise KvauditError(f"--kvaudit-max-new-tokens={mnt}: must be at least 1")
-    return ItemSet(path=path, items=tuple(items), boundary=b, answer_regex=regex, max_new_tokens=mnt)
+    stop = check_stop_regex(stop_regex if stop_regex is not None else meta.get("stop_regex"))
+    return ItemSet(path=path, items=tuple(items), boundary=b, answer_regex=regex, max_new_tokens=mnt, stop_regex=stop)
+
+
+#: ``--kvaudit-stop-regex=off``: decode every suffix to its budget or EOS, whatever the item set says
+STOP_OFF = "off"
+
+
+def check_stop_regex(regex: str | None) -> str | None:
+    """The stop regex as the run uses it: None for none or ``off``; one that does not compile is named."""
+    if regex is None or regex == STOP_OFF:
+        return None
+    if not regex:
+        raise KvauditError("stop regex is empty: give a regex, or 'off' to decode every suffix to its budget")
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise KvauditError(f"stop regex {regex!r} does not compile ({exc}): fix --kvaudit-stop-regex or the item "
+                           "set's stop_regex") from None
+    return regex
+
+
+def stopper(item_set: ItemSet, decode: Callable[[Sequence[int]], str]) -> Callable[[Sequence[int]], bool] | None:
+    """The item set's stop rule over a suffix's ids (None when it has none): true once the suffix's text
+    matches ``stop_regex``. Every construction of a unit continues from the same prefix under the same rule,
+    so their suffixes stay comparable token for token; a suffix that departs stops where its own text says."""
+    if item_set.stop_regex is None:
+        return None
+    rx = re.compile(item_set.stop_regex)
+    return lambda ids: rx.search(decode(ids)) is not None
+
+
+def token_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Token ids as the model wrote them (special tokens kept): what boundaries, answers and stop rules read."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 def extract_answer(text: str, regex: str) -> str | None:

@@ -22,7 +22,8 @@ LEDGER_VERSION = 1
 #: fields that say which model produced a ledger: any difference refuses the audit
 MODEL_FIELDS = ("architecture", "num_layers", "weights_digest", "config_digest")
 #: run settings that decide what was computed
-CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes")
+#: (``stop_regex`` is written only where the item set has one, so a ledger recorded before it existed still reads)
+CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes", "stop_regex")
 #: environment fields that decide bit-exactness: a full audit refuses when any differs
 ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa", "attn_implementation",
               "num_threads", "deterministic_algorithms", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision")
@@ -92,7 +93,8 @@ def build(store: Any) -> dict[str, Any]:
         "model": {"id": slug(str(store.identity.get("id", ""))), **{k: store.identity.get(k) for k in MODEL_FIELDS}},
         "environment": {k: store.environment.get(k) for k in ENV_FIELDS},
         "config": {"boundary": iset.boundary, "max_new_tokens": iset.max_new_tokens,
-                   "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes)},
+                   "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes),
+                   **({"stop_regex": iset.stop_regex} if iset.stop_regex is not None else {})},
         "units": {f"{r.item_id}@{r.dtype}": unit_of(r, id(r) in donors) for r in store.records.values()},
     }
 

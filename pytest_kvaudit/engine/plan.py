@@ -148,7 +148,8 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         prompt_of[it.id] = p if p is not None and (h.max_positions is None or p + m <= h.max_positions) else None
     prompts = [p for p in prompt_of.values() if p is not None]
     env = environment(h.device) | {"attn_implementation": h.attn_implementation}
-    recorded = ledger_prediction(cfg, ledger, h.identity, env, prompt_of, shape["layers"])
+    # the ledger's lengths price this run only under the same stop rule (the item set's, as resolved)
+    recorded = ledger_prediction(cfg.replace(stop_regex=iset.stop_regex), ledger, h.identity, env, prompt_of, shape["layers"])
     lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"])
                 for r in c["items"]] for d, c in cal["dtypes"].items()}
     most = bound(prompts, cfg, m, shape["layers"], bool(shape["recurrent"]))

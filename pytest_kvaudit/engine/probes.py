@@ -7,6 +7,7 @@ each with the forward ``tokens`` it ran (so a plan can be checked against the re
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine import state as kv
@@ -14,7 +15,7 @@ from pytest_kvaudit.engine.backends import Backend
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
-from pytest_kvaudit.engine.items import Item, extract_answer
+from pytest_kvaudit.engine.items import Item, extract_answer, stopper, token_text
 from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
@@ -36,12 +37,12 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
     h = store.handle(dtype, attn)
     dec = Decoder(h, h.eos_ids, store.cost, store.faults)
     iset = store.item_set
+    dec.stop = stopper(iset, partial(token_text, h.tokenizer))
     for item, rec in audited(store, dtype):
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
         t0 = dec.cost.forward_tokens
         dec.path = f"axis:{attn}:live"
-        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
-                        lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False))
+        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule, partial(token_text, h.tokenizer))
         if tr.reason is not None:
             rec.probes.axes[attn] = {"eligible": False, "reason": tr.reason, "tokens": dec.cost.forward_tokens - t0}
             continue
@@ -75,10 +76,10 @@ def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
             continue
         rule = BoundaryRule.parse(item.boundary or iset.boundary)
         dec = Decoder(h, h.eos_ids, store.cost, store.faults, kind, len(rec.prompt_ids) + iset.max_new_tokens)
+        dec.stop = stopper(iset, partial(token_text, h.tokenizer))
         t0 = dec.cost.forward_tokens
         dec.path = f"cache:{kind}:live"
-        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule,
-                        lambda ids: h.tokenizer.decode(list(ids), skip_special_tokens=False), keep_state=True)
+        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule, partial(token_text, h.tokenizer), keep_state=True)
         if tr.reason is not None:
             rec.probes.cache[kind] = {"eligible": False, "reason": tr.reason, "tokens": dec.cost.forward_tokens - t0}
             continue
@@ -117,6 +118,7 @@ def lossy_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
     the top-2 margins there and the label."""
     iset = store.item_set
     dec = Decoder(h, h.eos_ids, store.cost, store.faults, kind)
+    dec.stop = stopper(iset, partial(token_text, h.tokenizer))
     for _, rec in audited(store, dtype):
         exact = rec.constructions.get("prefill")
         if exact is None or rec.boundary is None:
@@ -128,7 +130,7 @@ def lossy_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
         suffix, _ = continue_greedy(dec, dec.build_state(head, [len(head)]), last,
                                     iset.max_new_tokens - rec.boundary, margins)
         gen_head = list(rec.generated[: rec.boundary])
-        ans = extract_answer(h.tokenizer.decode(gen_head + list(suffix), skip_special_tokens=False), iset.answer_regex)
+        ans = extract_answer(token_text(h.tokenizer, gen_head + list(suffix)), iset.answer_regex)
         j = next((i for i, (x, y) in enumerate(zip(exact.suffix, suffix)) if x != y),
                  None if len(exact.suffix) == len(suffix) else min(len(exact.suffix), len(suffix)))
         rec.probes.cache[kind] = {

@@ -24,7 +24,7 @@ from pytest_kvaudit.engine.decoder import NO_FAULTS, Cost, Decoder, Faults
 from pytest_kvaudit.engine.environment import environment
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.itemcheck import check_markers, check_prompt_ids, resolve
-from pytest_kvaudit.engine.items import Item, ItemSet
+from pytest_kvaudit.engine.items import Item, ItemSet, stopper
 from pytest_kvaudit.engine.records import CellRecord
 from pytest_kvaudit.engine.tally import Progress, Tally
 from pytest_kvaudit.engine.work import LostItem, WorkSource, within
@@ -117,6 +117,7 @@ class Store:
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)
             make = getattr(h, "cell_builder", CellBuilder)  # an engine whose constructions are requests (vLLM)
             builder = make(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
+            dec.stop = stopper(self.item_set, builder.decode)
             for j, item in self._taken(phase, queue):
                 # the budgets go to the first transplant units in (precision, item) order; under xdist counted
                 # over every worker's units, decided (for a divergent unit only) once those before it are known

@@ -64,7 +64,9 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             out.append(f"backend llama.cpp (llama-cpp-python {e['llama_cpp_python']}), K/V cache {kvt}; not available: "
                        f"{', '.join(e.get('not_available', [])) or 'none'}")
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
-    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel}){_template_hint(it)}")
+    stop = f"; suffixes end at the first match of {it['stop_regex']!r} (--kvaudit-stop-regex=off: the whole budget)" if it.get(
+        "stop_regex") else ""
+    out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel}){_template_hint(it)}{stop}")
     out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")
     for name in ordered(report):
         c = report["claims"][name]

@@ -65,6 +65,20 @@ def margins(rows: Sequence[Sequence[tuple[int, float]]]) -> list[float]:
     return [row[0][1] - row[1][1] if len(row) > 1 else 0.0 for row in rows]
 
 
+def perturbed(fault: Callable[[Any, str], None], state: Any, path: str) -> Any:
+    """``state`` after the state fault hook perturbed it in place (at ``path``)."""
+    fault(state, path)
+    return state
+
+
+def stopped(stop: Callable[[Sequence[int]], bool] | None, tokens: Sequence[int],
+            rows: Sequence[Any]) -> tuple[tuple[int, ...], list[Any]]:
+    """A suffix (and its rows) as the item set's stop rule ends it (:func:`.items.stopper`): vLLM decodes to
+    the budget, and the tokens past the first match are dropped, so the suffix is what a stopped decoder writes."""
+    k = next((k for k in range(1, len(tokens) + 1) if stop is not None and stop(tokens[:k])), len(tokens))
+    return tuple(tokens[:k]), list(rows[:k])
+
+
 def ineligible(gen: Sequence[int], b: int | None, max_new: int, eos: Collection[int]) -> str | None:
     """Why a trajectory with (block-aligned) boundary ``b`` has no unit, or None when it has one."""
     if b is None:
@@ -182,9 +196,12 @@ class VllmCellBuilder(CellBuilder):
     def trajectory_(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any, Any]:
         max_new = self.item_set.max_new_tokens
         d = self.request(CellRecord(item.id, dtype, prompt, (), None, None, item.answer), "live", prompt, (), max_new)
-        gen = d.tokens
+        gen, rows = d.tokens, d.rows
         marker = find_boundary(gen, rule, self.decode)
         b = None if marker is None else aligned(len(prompt), marker, self.block)
+        if b is not None and b < len(gen):
+            suffix, tail = stopped(self.dec.stop, gen[b:], rows[b:])
+            gen, rows = gen[:b] + suffix, list(rows[:b]) + tail
         reason = ineligible(gen, b, max_new, self.dec.eos_ids)
         rec = CellRecord(item.id, dtype, prompt, gen, b if reason is None else marker, reason, item.answer)
         rec.requests["live"] = {"prompt": len(prompt), "forced": 0, "num_cached_tokens": d.cached,
@@ -195,22 +212,20 @@ class VllmCellBuilder(CellBuilder):
         state = self.be.read(d.blocks, len(prompt) + b - 1)
         if self.layer_kinds is None:
             self.layer_kinds = ["full"] * len(state.layers)
-        rec.constructions["live"] = self.labelled(rec, gen[b:], vs.fingerprint(state), logits_fp(d.rows[b:]),
-                                                  margins(d.rows[b:]), gen[:b])
+        rec.constructions["live"] = self.labelled(rec, gen[b:], vs.fingerprint(state), logits_fp(rows[b:]),
+                                                  margins(rows[b:]), gen[:b])
         return rec, d, state
 
     def warm(self, rec: CellRecord, prefix: tuple[int, ...], budget: int, live: Any, live_state: Any) -> Any:
         """``prefix`` on the blocks the live request left cached; they must be the live request's bits."""
         h = len(prefix) - 1
         if self.dec.faults.state is not None:  # a fault may perturb the cached blocks before the hit
-            cached = self.be.read(live.blocks, h)
-            self.dec.faults.state(cached, WARM)
-            self.be.write(live.blocks, cached)
+            self.be.write(live.blocks, perturbed(self.dec.faults.state, self.be.read(live.blocks, h), WARM))
         d = self.request(rec, WARM, prefix, (), budget, reset=False)
         state = self.be.read(d.blocks, h)
         rec.comparison.bridge_mismatch += [f"{WARM}:{m}" for m in _mismatch(state, live_state)]
-        cont = self.labelled(rec, d.tokens, vs.fingerprint(state), logits_fp(d.rows), margins(d.rows),
-                             prefix[len(rec.prompt_ids):])
+        tokens, rows = stopped(self.dec.stop, d.tokens, d.rows)
+        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), prefix[len(rec.prompt_ids):])
         rec.constructions[WARM] = replace(cont, reused=d.cached)
         return state
 
@@ -219,15 +234,16 @@ class VllmCellBuilder(CellBuilder):
         b = boundary or 0
         if d.tokens[:b] == rec.generated[:b] and len(d.tokens) > b:
             state = self.be.read(d.blocks, len(prompt) + b - 1)
-            c = self.labelled(rec, d.tokens[b:], vs.fingerprint(state), logits_fp(d.rows[b:]), (), d.tokens[:b])
+            suffix, rows = stopped(self.dec.stop, d.tokens[b:], d.rows[b:])
+            c = self.labelled(rec, suffix, vs.fingerprint(state), logits_fp(rows), (), d.tokens[:b])
         else:  # the replica's generation parted before the boundary: recorded whole, with no logits
             c = Continuation(d.tokens, "", "", None, False)
         rec.constructions[LIVE_REPLICA.name] = c
 
     def forced(self, rec: CellRecord, name: str, prompt: Sequence[int], prefix: Sequence[int], budget: int) -> tuple[Continuation, Any]:
         """A construction over ``prefix[:-1]`` whose continuation starts with ``prefix[-1]`` as a decode step."""
-        first, force, tokens, others, cold = request_shape(name, prompt, prefix)
-        d = self.request(rec, name, first, force, budget, tokens=tokens, others=others)
+        first, force, chunk, others, cold = request_shape(name, prompt, prefix)
+        d = self.request(rec, name, first, force, budget, tokens=chunk, others=others)
         if cold and d.cached:
             raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
         n = len(force)
@@ -239,6 +255,7 @@ class VllmCellBuilder(CellBuilder):
             if vs.fingerprint(state) != before:
                 d = self.continue_warm(rec, f"{name}:faulted", state, prefix, budget)
                 tokens, rows = d.tokens, d.rows
+        tokens, rows = stopped(self.dec.stop, tokens, rows)
         cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), list(prefix[len(prompt):]))
         return cont, state
 
@@ -268,7 +285,8 @@ class VllmCellBuilder(CellBuilder):
         for kind, donor, receiver, layers, path in transplant_plan(rec.comparison.identical_layers):
             composed = self.transplant_fn(states[receiver], states[donor], layers, "kv")
             d = self.continue_warm(rec, path, composed, prefix, budget)
-            suffix, m = d.tokens, margins(d.rows)
+            suffix, rows = stopped(self.dec.stop, d.tokens, d.rows)
+            m = margins(rows)
             target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
             rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind, suffix == own,
                                               tuple(round(x, 6) for x in m), self.decode(suffix)))
