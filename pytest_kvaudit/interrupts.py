@@ -3,7 +3,7 @@
 pytest turns SIGINT into its interrupted summary (exit status 2) in the process that receives it. Under
 xdist a CI cancel or ``kill -INT <pid>`` reaches the controller alone, or one worker alone; the others
 would compute on until xdist kills them ten seconds into its teardown (a kill mid-write leaves temporary
-files). So every process of the run shards a :class:`~pytest_kvaudit.dist.stop.StopFlag` in the shard
+files). So every process of the run shards a :class:`~pytest_kvaudit.workers.stop.StopFlag` in the shard
 folder: the process that is interrupted raises it, the workers watch it and stop through their own Ctrl-C
 path, and the controller ends with pytest's summary. SIGTERM (what CI cancels send first) is Ctrl-C too.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kvaudit.dist.stop import StopFlag, Watcher
 from pytest_kvaudit.selection import uses_store
+from pytest_kvaudit.workers.stop import StopFlag, Watcher
 
 #: syrupy's warning at the end of an xdist run whose workers did not report; an interrupted run's workers
 #: never do, and under ``filterwarnings = error`` it would replace the interrupted summary with a traceback

@@ -236,7 +236,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
 def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
     """(shard I/N, partials folder, merge folder): a shard needs a folder to write to, and a run either
     computes a shard or merges shards, never both."""
-    from pytest_kvaudit.dist.partials import parse_shard
+    from pytest_kvaudit.workers.partials import parse_shard
 
     text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
     try:

@@ -54,9 +54,9 @@ def identity(sess: KvauditSession, strict: bool = False) -> dict[str, Any]:
     they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's check) raises."""
     import json
 
-    from pytest_kvaudit.dist.partials import PARTIAL_RE
     from pytest_kvaudit.engine.baseline import partial_identity, run_identity
     from pytest_kvaudit.engine.errors import KvauditError
+    from pytest_kvaudit.workers.partials import PARTIAL_RE
 
     if sess.identity is None:
         merge = sess.topology.merge

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.selection import claims_of, uses_store
+from pytest_kvaudit.workers.topology import Topology
 
 #: where an xdist worker ships its selection to the controller (``workeroutput``)
 SELECTION_KEY = "kvaudit_selection"
 
 if TYPE_CHECKING:
     from pytest_kvaudit.claims.base import Claim, ClaimResult
-    from pytest_kvaudit.dist.lifecycle import Lifecycle
     from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.workers.lifecycle import Lifecycle
 
 
 @dataclass(eq=False)  # registered as a plugin: pluggy keeps plugins in sets, so it must stay hashable
@@ -43,7 +43,7 @@ class KvauditSession:
     #: per claim: order, title, key figure and watched rates (and its HTML section when one is asked for)
     display: dict[str, dict[str, Any]] = field(default_factory=dict)
     run_info: dict[str, Any] = field(default_factory=dict)
-    #: where this process sits in the run: xdist worker, runner's shard, merge (:mod:`.dist.lifecycle`)
+    #: where this process sits in the run: xdist worker, runner's shard, merge (:mod:`.workers.lifecycle`)
     topology: Topology = field(default_factory=Topology)
     shard_line: str | None = None  # a runner's shard's outcome, for the terminal summary
     gate_line: str | None = None  # why --kvaudit-strict failed a run whose claims passed (unread thresholds)
@@ -68,19 +68,19 @@ class KvauditSession:
 
         return self.outputs.get(WRITERS[0].flag)
 
-    # -- the store: its lifecycle lives in dist.lifecycle; here it meets pytest ---------------------
+    # -- the store: its lifecycle lives in workers.lifecycle; here it meets pytest ---------------------
     @property
     def lifecycle(self) -> Lifecycle:
         if self._lifecycle is None:
-            from pytest_kvaudit.dist.lifecycle import Lifecycle
             from pytest_kvaudit.engine.decoder import NO_FAULTS
+            from pytest_kvaudit.workers.lifecycle import Lifecycle
 
             faults = self.pytest_config.hook.pytest_kvaudit_faults(config=self.pytest_config) or NO_FAULTS
             self._lifecycle = Lifecycle(self.config, self.topology, faults)
         return self._lifecycle
 
     def get_store(self) -> Store:
-        """The run's store (:meth:`.dist.lifecycle.Lifecycle.obtain`). A runner's shard is not the whole: in a
+        """The run's store (:meth:`.workers.lifecycle.Lifecycle.obtain`). A runner's shard is not the whole: in a
         ``--kvaudit-shard`` run every kvaudit test skips once the shard is recorded, saying how to judge it."""
         if self.store is None and self.error is None:
             from pytest_kvaudit.progress import printer

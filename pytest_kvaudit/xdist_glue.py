@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kvaudit.dist.stop import StopFlag
 from pytest_kvaudit.progress import WorkerProgress, printer
+from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvaudit.dist.exports import collect_exports
-from pytest_kvaudit.dist.queue import WorkQueue
-from pytest_kvaudit.dist.stop import StopFlag, Stopped, Watcher
+from pytest_kvaudit.workers.exports import collect_exports
+from pytest_kvaudit.workers.queue import WorkQueue
+from pytest_kvaudit.workers.stop import StopFlag, Stopped, Watcher
 
 CLAIM = """
 def test_counts(kvaudit_records):

@@ -18,7 +18,7 @@ PKG = REPO / "pytest_kvaudit"
 #: the bottom; the distribution layer and the claims over it; the reports, which render the claims, over those
 LAYERS = {
     "engine": {"engine"},
-    "dist": {"dist", "engine"},
+    "workers": {"workers", "engine"},
     "claims": {"claims", "engine"},
     "report": {"report", "claims", "engine"},
 }
@@ -69,7 +69,7 @@ def layer(module: str) -> str:
 
 def test_the_engine_never_imports_pytest() -> None:
     code = ("import sys\nimport pytest_kvaudit.engine.store, pytest_kvaudit.engine.plan, pytest_kvaudit.engine.ledger, "
-            "pytest_kvaudit.engine.probes, pytest_kvaudit.dist.merge, pytest_kvaudit.dist.queue, "
+            "pytest_kvaudit.engine.probes, pytest_kvaudit.workers.merge, pytest_kvaudit.workers.queue, "
             "pytest_kvaudit.claims, pytest_kvaudit.report.document, pytest_kvaudit.report.terminal\n"
             "bad = [m for m in ('pytest', '_pytest', 'pluggy') if m in sys.modules]\n"
             "assert not bad, bad\n")

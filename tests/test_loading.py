@@ -138,11 +138,11 @@ def test_a_device_that_cannot_run_a_dtype_is_one_line(monkeypatch: pytest.Monkey
 def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import torch
 
-    from pytest_kvaudit.dist.lifecycle import Lifecycle
-    from pytest_kvaudit.dist.topology import Topology
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.runtime import prepare
     from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.workers.lifecycle import Lifecycle
+    from pytest_kvaudit.workers.topology import Topology
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -158,7 +158,7 @@ def test_xdist_worker_i_takes_gpu_i_mod_the_gpu_count(monkeypatch: pytest.Monkey
 
 
 def test_xdist_shards_from_two_environments_are_refused() -> None:
-    from pytest_kvaudit.dist.merge import check_one_environment
+    from pytest_kvaudit.workers.merge import check_one_environment
 
     def export(gpu: str, digest: str = "sha256:a") -> dict:
         return {"records": [{}], "environment": {"device": "cuda", "device_name": gpu},

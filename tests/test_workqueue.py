@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvaudit.dist.queue import LostItem, WorkQueue
+from pytest_kvaudit.workers.queue import LostItem, WorkQueue
 
 
 def test_each_item_is_taken_once_in_item_order(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
-from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin
+from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin, wilson_interval
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
@@ -78,7 +78,7 @@ class MatchedConstruction(Claim):
         figs: dict[str, Any] = {
             k: {} for k in ("divergent_suffixes", "label_disagreements", "accuracy_live", "accuracy_prefill",
                             "accuracy_diff", "accuracy_diff_ci", "mcnemar_p", "n", "labels_extracted", "discordant",
-                            "answer_changes")
+                            "answer_changes", "rate_ci")
         }
         figs["confidence"] = th["confidence"]
         statuses, reasons, divergent_items, details = [], [], [], []
@@ -104,7 +104,7 @@ class MatchedConstruction(Claim):
                 primary_ci = ci
             acc_l = sum(live) / n if n else None
             acc_p = sum(pre) / n if n else None
-            f = {"divergent_suffixes": len(div), "label_disagreements": sum(a != b for a, b in zip(live, pre)),
+            f: dict[str, Any] = {"divergent_suffixes": len(div), "label_disagreements": sum(a != b for a, b in zip(live, pre)),
                  "accuracy_live": acc_l, "accuracy_prefill": acc_p,
                  "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p,
                  "accuracy_diff_ci": [ci[0], ci[1]], "mcnemar_p": mcnemar_exact(live, pre) if n else None, "n": n,
@@ -113,6 +113,9 @@ class MatchedConstruction(Claim):
                  # the extracted answer itself: a model that is wrong on both sides changes no label, yet a
                  # divergent suffix may still change what it answers (a label is correctness, not the answer)
                  "answer_changes": sum(r.constructions["live"].answer != r.constructions["prefill"].answer for r in div)}
+            # Wilson intervals of the three rates over the eligible items: what a run of this size can say of them
+            f["rate_ci"] = {k: list(wilson_interval(int(f[k]), n, th["confidence"])) if n else None
+                            for k in ("divergent_suffixes", "label_disagreements", "answer_changes")}
             for key, val in f.items():
                 figs[key][d] = val
             m, need = th["margin"], th["min_label_rate"]

@@ -2,7 +2,7 @@
 
 The store computes items in (precision, item) order and spends two budgets (the donor units and the layer
 sweep's units) on the first divergent units in that order. :class:`WorkSource` is what the store asks of
-whoever hands out the items; :mod:`pytest_kvaudit.dist.queue` implements it for xdist workers, so the
+whoever hands out the items; :mod:`pytest_kvaudit.workers.queue` implements it for xdist workers, so the
 engine knows nothing of processes or files.
 """
 

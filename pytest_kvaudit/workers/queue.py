@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.dist.stop import StopFlag
+    from pytest_kvaudit.workers.stop import StopFlag
 
 
 from pytest_kvaudit.engine.work import LostItem, within

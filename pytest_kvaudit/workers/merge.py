@@ -8,9 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.dist import partials
-from pytest_kvaudit.dist.exports import collect_exports
-from pytest_kvaudit.dist.stop import StopFlag
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.itemcheck import resolve
@@ -18,6 +15,9 @@ from pytest_kvaudit.engine.items import ItemSet
 from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
 from pytest_kvaudit.engine.records import CellRecord
 from pytest_kvaudit.engine.store import Store
+from pytest_kvaudit.workers import partials
+from pytest_kvaudit.workers.exports import collect_exports
+from pytest_kvaudit.workers.stop import StopFlag
 
 
 def merged(cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -> Store:

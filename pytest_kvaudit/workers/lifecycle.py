@@ -19,10 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.dist.exports import export, finish_shard, write_export, write_export_error, write_partial
-from pytest_kvaudit.dist.merge import merge_exports, merge_partials
-from pytest_kvaudit.dist.queue import WorkQueue
-from pytest_kvaudit.dist.topology import Topology
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.decoder import NO_FAULTS, Faults
 from pytest_kvaudit.engine.errors import KvauditError
@@ -30,6 +26,10 @@ from pytest_kvaudit.engine.itemcheck import item_set_name
 from pytest_kvaudit.engine.runtime import prepare
 from pytest_kvaudit.engine.store import Store
 from pytest_kvaudit.engine.tally import Progress
+from pytest_kvaudit.workers.exports import export, finish_shard, write_export, write_export_error, write_partial
+from pytest_kvaudit.workers.merge import merge_exports, merge_partials
+from pytest_kvaudit.workers.queue import WorkQueue
+from pytest_kvaudit.workers.topology import Topology
 
 #: (store, workers) -> the run's plan block, priced before the store computes
 PlanFn = Callable[[Store, int], dict[str, Any]]
@@ -74,7 +74,7 @@ class Lifecycle:
 
         Divergent items cost several times a plain one, so the workers take items one at a time from a shared
         queue rather than fixed shards; records are merged back into a single run's order by
-        :func:`pytest_kvaudit.dist.merge.merged`, whoever computed them."""
+        :func:`pytest_kvaudit.workers.merge.merged`, whoever computed them."""
         assert self.topology.worker is not None
         index, count, folder = self.topology.worker
         if index < 0:

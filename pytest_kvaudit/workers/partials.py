@@ -6,7 +6,7 @@ exports of its processes plus what decides whether shards may be added up: the m
 environment, the item set (count and a digest of ids and prompts) and the plan (the config fields that
 decide what is computed). ``--kvaudit-merge=DIR`` reads every partial under DIR (artifact downloads put
 each in its own folder, so the search is recursive), refuses shards that do not add up to one run with one
-line naming the files and the field, and hands the exports to :func:`pytest_kvaudit.dist.merge.merged`: the claims then judge
+line naming the files and the field, and hands the exports to :func:`pytest_kvaudit.workers.merge.merged`: the claims then judge
 exactly the records a single run over all items computes.
 
 Plain data and files only: no pytest, no torch.
