@@ -13,6 +13,7 @@ import pytest
 
 from pytest_kvaudit import verdicts
 from pytest_kvaudit.claims import base as claims
+from pytest_kvaudit.claims.notes import lossy_note
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.report.writers import wants_sections
 
@@ -52,7 +53,7 @@ class Judge:
             pytest.skip(f"{name} not applicable: {why}")
         ev = claims.Evidence(list(self.store.records.values()), th, self.store.cfg, self.store, inputs)
         result = claim.judge(ev)
-        if claim.exact and (note := claims.lossy_note(self.store.cfg)):
+        if claim.exact and (note := lossy_note(self.store.cfg)):
             result.reason += note
         if self.store.missing and result.status != claims.FAIL:
             # units the run planned and never got back (a dead worker, a lost shard): no verdict can stand

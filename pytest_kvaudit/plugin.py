@@ -15,6 +15,7 @@ import pytest
 from pytest_kvaudit import gate, interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
+from pytest_kvaudit.report.writers import report_path
 from pytest_kvaudit.run_report import run_report
 from pytest_kvaudit.session import KvauditSession
 
@@ -214,8 +215,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", f"kvaudit: changes from the baseline {rep['baseline']['path']}")
         for line in compare_lines(rep["baseline"]):
             terminalreporter.write_line(line, red=line.startswith("REGRESSION"), green=line.startswith("improvement"))
-    if sess.report_path is not None:
-        terminalreporter.write_line(f"report written to {sess.report_path}")
+    if (path := report_path(sess.outputs)) is not None:
+        terminalreporter.write_line(f"report written to {path}")
 
 
 @pytest.hookimpl

@@ -4,18 +4,35 @@ and the comparison with a baseline. Built once, at the session's end."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_kvaudit.claims.base import Claim
+    import pytest
+
+    from pytest_kvaudit.claims.base import Claim, ClaimResult
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.store import Store
-    from pytest_kvaudit.session import KvauditSession
+    from pytest_kvaudit.workers.topology import Topology
 
 
-def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
+class ReportSession(Protocol):
+    """What the report reads of the run (the session is one): its settings, verdicts and baseline."""
+
+    config: AuditConfig
+    pytest_config: pytest.Config
+    claims: dict[str, ClaimResult]
+    display: dict[str, dict[str, Any]]
+    run_info: dict[str, Any]
+    baseline: str | None
+    gate: Any
+    gate_result: dict[str, Any] | None
+    identity: dict[str, Any] | None
+    topology: Topology
+
+
+def plan_block(sess: ReportSession, plan: dict[str, Any]) -> dict[str, Any]:
     """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
     from pytest_kvaudit.engine.estimate import recall
 
@@ -23,7 +40,7 @@ def plan_block(sess: KvauditSession, plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan, "estimate": est} if est else plan
 
 
-def run_report(sess: KvauditSession) -> dict[str, Any] | None:
+def run_report(sess: ReportSession) -> dict[str, Any] | None:
     """The report, or None when no claim was judged."""
     from pytest_kvaudit.report.comparison import compare
     from pytest_kvaudit.report.document import build
@@ -48,7 +65,7 @@ def run_report(sess: KvauditSession) -> dict[str, Any] | None:
     return rep
 
 
-def identity(sess: KvauditSession, strict: bool = False) -> dict[str, Any]:
+def identity(sess: ReportSession, strict: bool = False) -> dict[str, Any]:
     """The run's model shape, items and settings, as a later run's ``--kvaudit-baseline`` checks them before it
     loads anything: from config.json (or a GGUF header) and the item file, or a merge's partials. Empty where
     they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's check) raises."""

@@ -18,3 +18,14 @@ def claims_of(readers: Sequence[Any], known: Collection[str]) -> tuple[set[str],
     marked = {i.nodeid: n for i in readers if (m := i.get_closest_marker("kvaudit_claim")) and m.args
               and (n := str(m.args[0])) in known}
     return set(marked.values()), [i.name for i in readers if i.nodeid not in marked]
+
+
+def selected_claims(selection: tuple[str, ...] | None, collected: set[str] | None, undeclared: Sequence[str]) -> list[Any]:
+    """The registered claims a run judges: those its tests collected (after ``-k``), else those
+    ``--kvaudit-claims`` names (None, ``all`` or nothing: every one); and a claim that declares nothing for each
+    test that reads the store without one (it gets everything)."""
+    from pytest_kvaudit.claims import Claim, registered
+
+    claims = [c for c in registered() if (c.name in collected if collected is not None else
+                                          selection in (None, ("all",), ()) or c.name in (selection or ()))]
+    return claims + [Claim() for _ in undeclared]

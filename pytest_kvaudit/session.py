@@ -12,7 +12,7 @@ import pytest
 
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.selection import claims_of, uses_store
+from pytest_kvaudit.selection import claims_of, selected_claims, uses_store
 from pytest_kvaudit.workers.topology import Topology
 
 #: where an xdist worker ships its selection to the controller (``workeroutput``)
@@ -61,13 +61,6 @@ class KvauditSession:
     interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
     _lifecycle: Lifecycle | None = field(default=None, repr=False)
 
-    @property
-    def report_path(self) -> Path | None:
-        """The JSON report's path, when one is asked for."""
-        from pytest_kvaudit.report.writers import WRITERS
-
-        return self.outputs.get(WRITERS[0].flag)
-
     # -- the store: its lifecycle lives in workers.lifecycle; here it meets pytest ---------------------
     @property
     def lifecycle(self) -> Lifecycle:
@@ -106,12 +99,7 @@ class KvauditSession:
     def selected(self) -> list[Claim]:
         """The registered claims this run judges (collected, after ``-k`` and ``--kvaudit-claims``), and a
         claim that declares nothing for each test that reads the store without one (it gets everything)."""
-        from pytest_kvaudit.claims import Claim, registered
-
-        sel, got = self.selection, self.collected_claims
-        claims = [c for c in registered() if (c.name in got if got is not None else
-                                              sel in (None, ("all",), ()) or c.name in (sel or ()))]
-        return claims + [Claim() for _ in self.undeclared]
+        return selected_claims(self.selection, self.collected_claims, self.undeclared)
 
     def select(self, items: list[pytest.Item]) -> None:
         """After collection (on each xdist worker alike, whose collections xdist checks are equal): the claims
@@ -146,11 +134,12 @@ class KvauditSession:
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
         one is asked for, holds the plan block alone."""
+        from pytest_kvaudit.report.writers import report_path
         from pytest_kvaudit.run_plan import price_only
 
         try:
             self.plan = price_only(self.make_plan, self.lifecycle.open(), workers, self.pytest_config, self.config,
-                                   self.report_path)
+                                   report_path(self.outputs))
         except KvauditError as exc:
             self.error = str(exc)
 

@@ -5,19 +5,33 @@ extra code; the controller collects them here."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.claims.base import ClaimResult
-    from pytest_kvaudit.session import KvauditSession
+    from pytest_kvaudit.claims.base import Claim, ClaimResult
+    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.engine.store import Store
+
+
+class VerdictBook(Protocol):
+    """Where a run keeps its verdicts (the session is one): what this module reads and writes of it."""
+
+    config: AuditConfig
+    store: Store | None
+    claims: dict[str, ClaimResult]
+    display: dict[str, dict[str, Any]]
+    run_info: dict[str, Any]
+    gate_result: dict[str, Any] | None
+
+    def selected(self) -> list[Claim]: ...
 
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
 GATE_PROP = "kvaudit_gate"
 
 
-def record(sess: KvauditSession, result: ClaimResult, display: dict[str, Any], node: pytest.Item) -> None:
+def record(sess: VerdictBook, result: ClaimResult, display: dict[str, Any], node: pytest.Item) -> None:
     """Keep a verdict and ship it in the test report, which xdist carries to the controller."""
     sess.claims[result.name] = result
     sess.display[result.name] = display
@@ -31,7 +45,7 @@ def record(sess: KvauditSession, result: ClaimResult, display: dict[str, Any], n
         node.user_properties.append((RUN_PROP, json.dumps(sess.run_info, default=list)))
 
 
-def collect(sess: KvauditSession, report: pytest.TestReport) -> None:
+def collect(sess: VerdictBook, report: pytest.TestReport) -> None:
     """Collect claim results from test reports: the controller sees the workers' claims under xdist."""
     props = dict(report.user_properties)
     if GATE_PROP in props and report.when == "call":  # the kvaudit::baseline test's ledger comparison

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pytest_kvaudit.claims.base import ineligible_note
+from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.engine.cells import prompt_ids
 from pytest_kvaudit.engine.chat import (
     applies,

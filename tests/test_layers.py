@@ -35,16 +35,15 @@ def modules() -> dict[str, Path]:
 
 
 def imports(path: Path, name: str) -> set[str]:
-    """The package modules ``path`` imports, at module level or inside functions (``TYPE_CHECKING`` blocks
-    aside: they never run)."""
+    """The package modules ``path`` imports, at module level, inside functions or for type checking only: a
+    ``TYPE_CHECKING`` import never runs, yet it is a dependency all the same (a module typed against another
+    cannot be read, moved or tested without it), so it counts."""
     tree = ast.parse(path.read_text())
     known = modules()
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names if a.name.startswith("pytest_kvaudit"))
             elif isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("pytest_kvaudit"):
@@ -113,10 +112,10 @@ def test_modules_and_classes_stay_small() -> None:
     for name, p in modules().items():
         text = p.read_text()
         lines = text.count("\n")
-        if lines > 310:
+        if lines > 300:
             big.append(f"{name}: {lines} lines")
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 160:
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 150:
                 big.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not big, "\n".join(big)
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO
 from pytest_kvaudit.claims import Evidence, get, registered
-from pytest_kvaudit.claims.base import lossy_note
+from pytest_kvaudit.claims.notes import lossy_note
 from pytest_kvaudit.engine.config import AuditConfig, parse_cache_kinds
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.records import CellRecord

@@ -126,7 +126,7 @@ class Claim:
     #: the claim is selected and the backend can, never counted in its least work
     analyses: ClassVar[tuple[str, ...]] = ()
     #: an exactness claim: bit-identical or not. Such a claim never judges a lossy cache kind (a quantized
-    #: cache is lossy by design); its result says which kinds it left to their budget (:func:`lossy_note`)
+    #: cache is lossy by design); its result says which kinds it left to their budget (:func:`.notes.lossy_note`)
     exact: ClassVar[bool] = False
 
     def applicable(self, config: AuditConfig) -> str | None:
@@ -266,24 +266,6 @@ def combine(statuses: Iterable[str]) -> str:
     return PASS
 
 
-def ineligible_note(records: list[CellRecord], config: AuditConfig | None = None) -> str:
-    """The ineligible units by reason; where some never reached their boundary while the checkpoint's chat
-    template was turned off, the template named as the likely cause."""
-    bad = [r for r in records if not r.eligible]
-    if not bad:
-        return ""
-    reasons: dict[str, int] = {}
-    for r in bad:
-        key = r.error or r.reason or "?"
-        reasons[key] = reasons.get(key, 0) + 1
-    hint = ""
-    if config is not None and "boundary_not_reached" in reasons:
-        from pytest_kvaudit.engine.chat import checkpoint_source, missed_template_hint
-
-        hint = missed_template_hint(config.chat_template, checkpoint_source(config.model))
-    return " (ineligible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + hint + ")"
-
-
 def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reason: str = "") -> ClaimResult:
     """An exactness verdict over named units: fails on one counterexample, inconclusive below ``min_units``."""
     bad = [u for u, ok in units.items() if not ok]
@@ -291,12 +273,3 @@ def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reaso
     status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
     why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
     return ClaimResult(name, status, n, k, wilson_interval(k, n) if n else NO_INTERVAL, reason or why, {}, bad)
-
-
-def lossy_note(config: AuditConfig) -> str:
-    """What an exactness claim says of the run's lossy cache kinds: skipped, lossy by design ("" if none)."""
-    from pytest_kvaudit.engine.state.lossy import is_lossy
-
-    kinds = [k for k in config.cache_axes if is_lossy(k)]
-    return (f" (lossy cache kinds {', '.join(kinds)} skipped: lossy by design, audited against the exact cache "
-            "within a label-change budget, never for exactness)") if kinds else ""

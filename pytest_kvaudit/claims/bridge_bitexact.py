@@ -13,19 +13,19 @@ from pytest_kvaudit.claims.base import (
     ClaimResult,
     Evidence,
     Threshold,
-    ineligible_note,
     names,
     register,
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
+from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.engine.backends import lacks
 
 
 @register
 class BridgeBitexact(Claim):
     name = "bridge_bitexact"
-    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
+    exact = True  # lossy cache kinds are skipped, saying so (notes.lossy_note)
     needs = ("trajectory", "incremental")
     order = 40
     title = "Bridge: incremental vs live"

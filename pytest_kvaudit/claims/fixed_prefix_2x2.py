@@ -1,4 +1,16 @@
-"""Fixed prefix ids, construction x precision: low-precision disagreements recur, FP32 shows none."""
+"""Fixed prefix ids, construction x precision: low-precision disagreements recur, FP32 shows none.
+
+**Recurrence** (each low precision, bf16 and fp16): the matched comparison (live cache vs prefill) at a
+precision runs on *that precision's own* prefix, so it can only be set against the 2x2 where the two
+are over the same ids. The comparable units of a low precision are its eligible items whose own prefix
+equals the fixed prefix, id for id: always all of its eligible items when it is the first precision;
+when the prefix came from another precision (``--kvaudit-dtypes=fp32,bf16``, or fp16 after bf16), the
+items where its own trajectory reached the same prefix. On those units, the set whose fixed-prefix
+cells disagree must equal the set whose matched cells disagree (``recurrence`` k/n: matched
+divergences that recur in the 2x2 / matched divergences), and at least ``min_recurring`` matched
+divergences must be there to recur; units outside the comparison still count in ``disagreements``
+and are reported as ``recurrence_excluded``.
+"""
 
 from __future__ import annotations
 
@@ -38,21 +50,11 @@ class FixedPrefix2x2(Claim):
     bound of the share of units whose two suffixes differ is at most ``max_rate``, fails when the observed
     share is above it, and is inconclusive otherwise, saying how many units it would need (the least n with
     a Wilson upper bound at or below ``max_rate``: 189 at 0 disagreements and 2%).
-
-    **Recurrence** (each low precision, bf16 and fp16): the matched comparison (live cache vs prefill) at a
-    precision runs on *that precision's own* prefix, so it can only be set against the 2x2 where the two
-    are over the same ids. The comparable units of a low precision are its eligible items whose own prefix
-    equals the fixed prefix, id for id: always all of its eligible items when it is the first precision;
-    when the prefix came from another precision (``--kvaudit-dtypes=fp32,bf16``, or fp16 after bf16), the
-    items where its own trajectory reached the same prefix. On those units, the set whose fixed-prefix
-    cells disagree must equal the set whose matched cells disagree (``recurrence`` k/n: matched
-    divergences that recur in the 2x2 / matched divergences), and at least ``min_recurring`` matched
-    divergences must be there to recur; units outside the comparison still count in ``disagreements``
-    and are reported as ``recurrence_excluded``.
+    Recurrence at each low precision: see the module's docstring.
     """
 
     name = "fixed_prefix_2x2"
-    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
+    exact = True  # lossy cache kinds are skipped, saying so (notes.lossy_note)
     needs = ("trajectory", "prefill", "fixed")
     order = 30
     title = "Fixed-prefix 2x2"

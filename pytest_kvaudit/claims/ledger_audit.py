@@ -28,7 +28,7 @@ def default_path(snapshots: str | None, model: str) -> Path:
 @register
 class LedgerAudit(Claim):
     name = "ledger_audit"
-    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
+    exact = True  # lossy cache kinds are skipped, saying so (notes.lossy_note)
     # the ledger holds every construction, the replicas, the 2x2's cells and the donors' all-layer transplants
     needs = ("trajectory", "replicas", "constructions", "fixed", "transplants")
     order = 50

@@ -16,11 +16,11 @@ from pytest_kvaudit.claims.base import (
     Evidence,
     Threshold,
     combine,
-    ineligible_note,
     register,
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
+from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin, wilson_interval
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _iv(iv: Any) -> str:
 @register
 class MatchedConstruction(Claim):
     name = "matched_construction"
-    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
+    exact = True  # lossy cache kinds are skipped, saying so (notes.lossy_note)
     needs = ("trajectory", "prefill")
     order = 20
     title = "Matched experiment: live vs prefill of identical ids"

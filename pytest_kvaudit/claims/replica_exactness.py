@@ -19,17 +19,17 @@ from pytest_kvaudit.claims.base import (
     ClaimResult,
     Evidence,
     Threshold,
-    ineligible_note,
     names,
     register,
 )
 from pytest_kvaudit.claims.counterexample import detail
+from pytest_kvaudit.claims.notes import ineligible_note
 
 
 @register
 class ReplicaExactness(Claim):
     name = "replica_exactness"
-    exact = True  # lossy cache kinds are skipped, saying so (base.lossy_note)
+    exact = True  # lossy cache kinds are skipped, saying so (notes.lossy_note)
     needs = ("trajectory", "prefill", "replicas")
     order = 10
     title = "Replicas: the same cell computed twice"

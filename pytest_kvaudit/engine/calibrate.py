@@ -4,7 +4,6 @@ that the plan can price the run in seconds and expect its lengths (:mod:`.plan`)
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,10 +12,6 @@ if TYPE_CHECKING:
 
 #: items per precision the calibration runs
 SAMPLE = 8
-
-
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
@@ -28,7 +23,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     from pytest_kvaudit.engine.cells import prompt_ids
     from pytest_kvaudit.engine.config import BoundaryRule
     from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
-    from pytest_kvaudit.engine.items import stopper
+    from pytest_kvaudit.engine.items import stopper, token_text
 
     def sync(dev: Any) -> None:
         if getattr(dev, "type", "") == "cuda":
@@ -50,7 +45,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
             tokens += cost.forward_tokens
             continue
         dec = Decoder(h, h.eos_ids, cost)
-        dec.stop = stopper(iset, partial(_decode, h.tokenizer))
+        dec.stop = stopper(iset, partial(token_text, h.tokenizer))
         if prompts:  # one untimed forward: one-time kernel set-up is not a per-call cost
             dec.step(list(prompts[0]), dec.fresh())
         rows: list[dict[str, Any]] = []
@@ -69,7 +64,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
             calls0 = cost.forward_calls
             t2 = time.perf_counter()
             tr = trajectory(dec, ids, iset.max_new_tokens, BoundaryRule.parse(it.boundary or iset.boundary),
-                            partial(_decode, h.tokenizer))
+                            partial(token_text, h.tokenizer))
             sync(dec.device)
             # the trajectory's own prompt forward is charged at the prompt time just measured
             t_decode += max(0.0, time.perf_counter() - t2 - t_p)

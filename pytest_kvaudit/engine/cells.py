@@ -32,7 +32,7 @@ from pytest_kvaudit.engine.chat import chat_prompt_ids
 from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation, Cost, Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
-from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer
+from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer, token_text
 from pytest_kvaudit.engine.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions
 from pytest_kvaudit.engine.records import (
     TAIL_CHARS,
@@ -89,7 +89,7 @@ class CellBuilder:
         self.transplant_fn = transplant or kv.transplant
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tok.decode(list(ids), skip_special_tokens=False))
+        return token_text(self.tok, ids)
 
     # -- the pipeline --------------------------------------------------------------------------
     def compute(self, item: Item, dtype: str, fixed_prefix: tuple[int, ...] | None,

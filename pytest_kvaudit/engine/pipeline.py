@@ -29,13 +29,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pytest_kvaudit.engine.backends import backend_constructions
 from pytest_kvaudit.engine.schedules import extra_constructions, runs_forwards, schedule
 
-if TYPE_CHECKING:
-    from pytest_kvaudit.engine.config import AuditConfig
+
+class RunSettings(Protocol):
+    """What the pipeline reads of a run's settings (a :class:`.config.AuditConfig` is one), without importing
+    the config: the config asks the pipeline what a run computes."""
+
+    @property
+    def work(self) -> tuple[str, ...] | None: ...
+    @property
+    def chunks(self) -> tuple[int, ...]: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
 
 TRAJECTORY, CONSTRUCTION, CONTINUATION = "trajectory", "construction", "continuation"
 #: the groups a claim may need, in the order the minimal-work breakdown lists them
@@ -90,13 +101,13 @@ CONTROL = Step("control", "controls", CONTINUATION)
 SWEEP = Step("sweep", "sweep", CONTINUATION)
 
 
-def constructions(cfg: AuditConfig) -> tuple[Step, ...]:
+def constructions(cfg: RunSettings) -> tuple[Step, ...]:
     """The constructions of a cell besides ``live`` that the run's work computes (:func:`all_constructions`,
     those its selected claims read), in the order they run and are recorded."""
     return tuple(s for s in all_constructions(cfg) if computes(cfg.work, s.name))
 
 
-def all_constructions(cfg: AuditConfig) -> tuple[Step, ...]:
+def all_constructions(cfg: RunSettings) -> tuple[Step, ...]:
     """Every construction of a cell besides ``live``, in the order they run and are recorded: ``prefill`` and
     its replica, ``incremental`` (the bridge), each registered schedule, each ``chunked(C)``, then the
     backend's own constructions (llama.cpp's ``warm`` and ``restore``, vLLM's ``warm`` and ``batched(B)`` with B
@@ -131,7 +142,7 @@ def work_of(needs: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def unknown_needs(needs: Iterable[str], cfg: AuditConfig) -> list[str]:
+def unknown_needs(needs: Iterable[str], cfg: RunSettings) -> list[str]:
     """Needs that name nothing this run computes: not a group, analysis or construction of ``cfg``."""
     names = {s.name for s in all_constructions(cfg)}
     return [n for n in needs if n not in GROUPS and n not in CAPABILITIES and n not in names]
@@ -144,7 +155,7 @@ def lacked(backend: str, needs: Iterable[str]) -> list[str]:
     return [n for n in needs if n in CAPABILITIES and lacks(backend, n)]
 
 
-def cell_steps(cfg: AuditConfig) -> tuple[Step, ...]:
+def cell_steps(cfg: RunSettings) -> tuple[Step, ...]:
     """The whole cell, top to bottom: the trajectory, its replica, the constructions, the 2x2's cells."""
     return (LIVE, LIVE_REPLICA, *constructions(cfg), *FIXED)
 

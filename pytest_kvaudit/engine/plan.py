@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.calibrate import SAMPLE, calibrate
 from pytest_kvaudit.engine.evidence import StrictFn, decides, evidence, rates, strict_n
-from pytest_kvaudit.engine.pricing import Lengths, ledger_prediction, total, transplants_per_unit, work
+from pytest_kvaudit.engine.ledger_price import ledger_prediction
+from pytest_kvaudit.engine.pricing import Lengths, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig

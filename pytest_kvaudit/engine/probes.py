@@ -8,22 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.backends import Backend
-from pytest_kvaudit.engine.config import BoundaryRule
-from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory
+from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.engine.decoder import Cost, Decoder, Faults, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
-from pytest_kvaudit.engine.items import Item, extract_answer, stopper, token_text
+from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer, stopper, token_text
 from pytest_kvaudit.engine.schedules import schedule
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.records import CellRecord
-    from pytest_kvaudit.engine.store import Store
 
 
-def audited(store: Store, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
+
+class ProbeStore(Protocol):
+    """What a probe reads of the run's store (a :class:`.store.Store` is one): its settings, items, records,
+    the model at a precision, and where forwards are counted and faults injected."""
+
+    cfg: AuditConfig
+    item_set: ItemSet
+    items: list[Item]
+    records: dict[tuple[str, str], CellRecord]
+    cost: Cost
+    faults: Faults
+
+    def handle(self, dtype: str, attn: str | None = None) -> Backend: ...
+
+def audited(store: ProbeStore, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
     """This store's items whose cell at ``dtype`` holds a boundary state to probe (under xdist, only the items
     this worker took from the queue)."""
     for item in store.items:
@@ -32,7 +45,7 @@ def audited(store: Store, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
             yield item, rec
 
 
-def attention_axis(store: Store, dtype: str, attn: str) -> None:
+def attention_axis(store: ProbeStore, dtype: str, attn: str) -> None:
     """Another attention implementation on the same items: is its live cache the same as its prefill?"""
     h = store.handle(dtype, attn)
     dec = Decoder(h, h.eos_ids, store.cost, store.faults)
@@ -57,12 +70,12 @@ def attention_axis(store: Store, dtype: str, attn: str) -> None:
                                  "tokens": dec.cost.forward_tokens - t0}
 
 
-def cache_probe(store: Store, h: Backend, dtype: str, kind: str) -> None:
+def cache_probe(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
     """The probe of one further cache kind: a lossy one against the exact cache, any other for exactness."""
     (lossy_axis if kv.lossy.is_lossy(kind) else cache_axis)(store, h, dtype, kind)
 
 
-def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
+def cache_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
     """The constructions on another cache layout (``static``: tensors preallocated to prompt + max_new_tokens
     positions, what ``torch.compile`` users run). On its own trajectory: is its prefill equal to its live
     state (replay), its token-by-token replay equal to it bit for bit (the bridge), does a prefill receiving
@@ -111,7 +124,7 @@ def cache_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
         rec.probes.cache[kind] = out
 
 
-def lossy_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
+def lossy_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
     """A lossy cache (``quantized:...``) against the exact one on the same ids: the prefix built in one shot
     on the lossy cache, continued, and set against the exact prefill construction's continuation (the same
     schedule on the dynamic cache), so that the cache is the only difference. Records where the suffixes part,
@@ -142,7 +155,7 @@ def lossy_axis(store: Store, h: Backend, dtype: str, kind: str) -> None:
             "tokens": dec.cost.forward_tokens - t0}
 
 
-def batch_invariance(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:
+def batch_invariance(store: ProbeStore, dec: Decoder, h: Backend, dtype: str) -> None:
     """The item's boundary state computed alone vs as one row of a left-padded batch of others (one forward
     through the decoder: counted, and seen by the state fault hook at path ``batch``)."""
     from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long

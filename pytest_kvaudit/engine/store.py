@@ -118,7 +118,7 @@ class Store:
             make = getattr(h, "cell_builder", CellBuilder)  # an engine whose constructions are requests (vLLM)
             builder = make(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
             dec.stop = stopper(self.item_set, builder.decode)
-            for j, item in self._taken(phase, queue):
+            for j, item in taken(self.items, phase, queue):
                 # the budgets go to the first transplant units in (precision, item) order; under xdist counted
                 # over every worker's units, decided (for a divergent unit only) once those before it are known
                 grant = partial(within, granted, budgets) if queue is None else partial(queue.grant, phase, j, budgets)
@@ -155,14 +155,6 @@ class Store:
             tally.finished, tally.seconds = True, self.cost.seconds
             progress(tally)
 
-    def _taken(self, phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:
-        """(index, item) in item order: all of this store's items, or those this worker takes from the queue."""
-        if queue is None:
-            yield from enumerate(self.items)
-            return
-        while (j := queue.take(phase)) is not None:
-            yield j, self.items[j]
-
     def _cell(self, builder: CellBuilder, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],
               grant: Callable[[], tuple[bool, ...]]) -> CellRecord:
         """One cell; out of memory on one item is reported for that item and the run goes on."""
@@ -191,6 +183,15 @@ class Store:
             "stages": self.stages,
             "plan": self.plan,
         }
+
+
+def taken(items: Sequence[Item], phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:
+    """(index, item) in item order: all of a store's items, or those this worker takes from the queue."""
+    if queue is None:
+        yield from enumerate(items)
+        return
+    while (j := queue.take(phase)) is not None:
+        yield j, items[j]
 
 
 def _free_device_memory() -> None:

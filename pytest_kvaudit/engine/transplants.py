@@ -4,20 +4,28 @@ where the suffixes part) and, on divergent units, the transplants with their con
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from pytest_kvaudit.engine import state as kv
-from pytest_kvaudit.engine.decoder import continue_greedy
+from pytest_kvaudit.engine.decoder import Decoder, continue_greedy
 from pytest_kvaudit.engine.pipeline import LIVE
 from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant
 from pytest_kvaudit.engine.sweep import Subset
 from pytest_kvaudit.engine.sweep import sweep as sweep_
 
-if TYPE_CHECKING:
-    from pytest_kvaudit.engine.cells import CellBuilder
+
+class CellContext(Protocol):
+    """What the anatomy and the transplants read of the cell being built (a :class:`.cells.CellBuilder` is one):
+    the decoder, the transplant (a fault hook's, or the state's own) and the text of ids."""
+
+    dec: Decoder
+    transplant_fn: Callable[[Any, Any, Any, str], Any]
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
-def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
+def anatomy(b: CellContext, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
     if rec.unsupported is None:
         layers = kv.compare(live_state, prefill_state)
         # an engine's whole state says only equal or not: no magnitude to put in the drift
@@ -31,7 +39,7 @@ def anatomy(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any
         if j is not None:
             rec.comparison.divergence_text = [b.decode([live[j]]), b.decode([prefill[j]])]
 
-def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
+def transplants(b: CellContext, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                 sweep: bool, controls: bool = True) -> None:
     """Donor following, both directions: all layers, and on the first divergent items the layer sweep (bisected,
     see :mod:`.sweep`: each direction's next subset depends on its last outcome, so they run in order);
@@ -65,7 +73,7 @@ def transplants(b: CellBuilder, rec: CellRecord, live_state: Any, prefill_state:
             for donor, receiver in pairs:
                 transplant(b, rec, DONOR, states[receiver], states[donor], donor, receiver, None, parts, last, budget)
 
-def transplant(b: CellBuilder, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
+def transplant(b: CellContext, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
                layers: tuple[int, ...] | None, parts: str, last: int, budget: int, decide_only: bool = False) -> Transplant:
     """One transplant -> continue -> compare with the donor's and the receiver's own suffixes (recorded, and
     returned: the sweep's next subset depends on it). ``decide_only`` (the sweep's points): stop decoding at the

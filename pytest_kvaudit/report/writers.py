@@ -41,3 +41,8 @@ WRITERS = (
 def wants_sections(outputs: Mapping[str, Path]) -> bool:
     """A format that shows the claims' own HTML sections is asked for: the claims render them."""
     return any(w.sections and w.flag in outputs for w in WRITERS)
+
+
+def report_path(outputs: Mapping[str, Path]) -> Path | None:
+    """The JSON report's path, when one is asked for."""
+    return outputs.get(WRITERS[0].flag)

@@ -10,6 +10,7 @@ from typing import Any
 
 from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.backends.lean import LeanStep
+from pytest_kvaudit.engine.items import token_text
 from pytest_kvaudit.engine.loading import ModelHandle, open_model
 
 
@@ -37,7 +38,7 @@ class TransformersBackend(ModelHandle):
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        return token_text(self.tokenizer, ids)
 
     def fresh(self, kind: str = "dynamic", max_len: int | None = None) -> Any:
         return kv.new_cache(self.model, kind, max_len)

@@ -45,6 +45,7 @@ from pytest_kvaudit.engine.backends.vllm_engine import (
     load_vllm,
 )
 from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.engine.items import token_text
 
 __all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
 
@@ -169,7 +170,7 @@ class VllmBackend:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        return token_text(self.tokenizer, ids)
 
     def shape(self) -> dict[str, int]:
         kv = self.kv_caches[0]

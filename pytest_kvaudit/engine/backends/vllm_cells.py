@@ -190,7 +190,7 @@ class VllmCellBuilder(CellBuilder):
         self.fixed_prefix(rec, prompt, prefix if primary else fixed_prefix)
         anatomy(rec, states, self.decode)
         if rec.constructions["live"].suffix != rec.constructions["prefill"].suffix and grant()[0]:
-            self.transplants_(rec, states["live"], states["prefill"], prefix, budget)
+            transplants(self, rec, states["live"], states["prefill"], prefix, budget)
         return rec, prefix
 
     def trajectory_(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any, Any]:
@@ -280,16 +280,19 @@ class VllmCellBuilder(CellBuilder):
             raise KvauditError(f"vllm: {path} reused {d.cached} tokens of the transplanted {h}")
         return d
 
-    def transplants_(self, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int) -> None:
-        states = {"live": live, "prefill": prefill}
-        for kind, donor, receiver, layers, path in transplant_plan(rec.comparison.identical_layers):
-            composed = self.transplant_fn(states[receiver], states[donor], layers, "kv")
-            d = self.continue_warm(rec, path, composed, prefix, budget)
-            suffix, rows = stopped(self.dec.stop, d.tokens, d.rows)
-            m = margins(rows)
-            target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
-            rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind, suffix == own,
-                                              tuple(round(x, 6) for x in m), self.decode(suffix)))
+
+def transplants(b: VllmCellBuilder, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int) -> None:
+    """Each planned transplant (:func:`transplant_plan`) written into the cached blocks of ``prefix`` and
+    continued warm; its suffix set against the donor's and the receiver's own."""
+    states = {"live": live, "prefill": prefill}
+    for kind, donor, receiver, layers, path in transplant_plan(rec.comparison.identical_layers):
+        composed = b.transplant_fn(states[receiver], states[donor], layers, "kv")
+        d = b.continue_warm(rec, path, composed, prefix, budget)
+        suffix, rows = stopped(b.dec.stop, d.tokens, d.rows)
+        m = margins(rows)
+        target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
+        rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind, suffix == own,
+                                          tuple(round(x, 6) for x in m), b.decode(suffix)))
 
 
 def _mismatch(a: Any, b: Any) -> list[str]:
