@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
-import numpy as np
-from scipy import stats
+
+def _scipy() -> tuple[Any, Any]:
+    """numpy and scipy.stats, imported on first use: the claims load with the plugin, and ``pytest --help`` or
+    a run that judges nothing should not pay for scipy."""
+    import numpy
+    from scipy import stats
+
+    return numpy, stats
 
 
 def _check(k: int, n: int) -> None:
@@ -24,6 +31,7 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     _check(k, n)
     if n == 0:
         return (0.0, 1.0)
+    _, stats = _scipy()
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
     return (max(0.0, float(ci.low)), min(1.0, float(ci.high)))
 
@@ -57,6 +65,7 @@ def paired_units_for_margin(margin: float, discordance: float, confidence: float
         return 1
     if margin <= 0:
         return None
+    _, stats = _scipy()
     z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
     return max(1, math.ceil(z * z * discordance / (margin * margin) - 1e-9))
 
@@ -66,6 +75,7 @@ def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[
     _check(k, n)
     if n == 0:
         return (0.0, 1.0)
+    _, stats = _scipy()
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
     return (float(ci.low), float(ci.high))
 
@@ -78,6 +88,7 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
     only_b = sum(1 for x, y in zip(a, b) if y and not x)
     if only_a + only_b == 0:
         return 1.0
+    _, stats = _scipy()
     return float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
 
 
@@ -89,6 +100,7 @@ def paired_bootstrap_ci(
     scipy.stats.bootstrap draws the resamples (``paired=True``); degenerate samples (every pair has the
     same difference) have a zero-width interval at that difference.
     """
+    np, stats = _scipy()
     x = np.asarray(a, dtype=float)
     y = np.asarray(b, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
