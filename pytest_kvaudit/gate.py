@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvaudit import options as opt
+from pytest_kvaudit.claims import registered
+from pytest_kvaudit.engine import ledger as L
 from pytest_kvaudit.engine.baseline import Rules, mismatches, recorded_identity
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.ledger_diff import compare, findings
+from pytest_kvaudit.report.comparison import comparable, gate_diff, load_baseline
 from pytest_kvaudit.run_report import identity
 from pytest_kvaudit.verdicts import GATE_PROP
 
@@ -48,8 +52,6 @@ class Gate:
 
     def comparable(self, name: str) -> bool:
         """A claim's baseline verdict is the checkpoint's (not a recording run's, not a missing ledger's)."""
-        from pytest_kvaudit.report.comparison import comparable
-
         return name in self.report.get("claims", {}) and comparable(self.report, name)
 
     def check_verdict(self, result: ClaimResult, display: dict[str, Any]) -> str | None:
@@ -65,8 +67,6 @@ class Gate:
 
 def ledger_name(sess: KvauditSession) -> Path:
     """Where a snapshots/<slug>/ folder keeps its ledger, as the claim that records it says (its last two parts)."""
-    from pytest_kvaudit.claims import registered
-
     rec = next((p for c in registered() if (p := c.recorded_run(sess.config)) is not None), None)
     return Path(*rec.parts[-2:]) if rec is not None else Path("ledger.json")
 
@@ -80,7 +80,6 @@ def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
     """Read and check the baseline at configure time (a usage error, one line a reason, when it cannot gate)."""
     if sess.baseline is None:
         return None
-    from pytest_kvaudit.report.comparison import load_baseline
 
     try:
         rules = Rules.parse(opt.value(config, opt.BASELINE_FAIL), opt.source(config, opt.BASELINE_FAIL))
@@ -110,8 +109,6 @@ class BaselineItem(pytest.Item):
     kvaudit: KvauditSession  # set by :func:`add_item`
 
     def runtest(self) -> None:
-        from pytest_kvaudit.engine import ledger as L
-        from pytest_kvaudit.engine.ledger_diff import compare, findings
         sess = self.kvaudit
         gate = sess.gate
         assert gate is not None
@@ -139,8 +136,6 @@ class BaselineItem(pytest.Item):
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         if isinstance(excinfo.value, GateRegression):
-            from pytest_kvaudit.report.comparison import gate_diff
-
             return "\n".join(gate_diff(excinfo.value.result, excinfo.value.path))
         return super().repr_failure(excinfo)
 

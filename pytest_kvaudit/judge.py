@@ -16,6 +16,7 @@ from pytest_kvaudit.claims import base as claims
 from pytest_kvaudit.claims.notes import lossy_note
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.report.writers import wants_sections
+from pytest_kvaudit.run_report import run_info
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
@@ -75,8 +76,6 @@ class Judge:
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
         if claim is not None and wants_sections(self.session.outputs):
-            from pytest_kvaudit.run_report import run_info
-
             run = self.session.run_info or run_info(self.store, self.session.config, self.session.selected())
             display["html"] = claim.html(result.to_dict(), run)
         verdicts.record(self.session, result, display, self.node)

@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from pytest_kvaudit.claims import registered
+from pytest_kvaudit.engine.backends import check
+from pytest_kvaudit.engine.chat import parse_mode
 from pytest_kvaudit.engine.config import (
     EMBEDDED_DIR,
     EMBEDDED_NAME,
@@ -24,7 +27,9 @@ from pytest_kvaudit.engine.config import (
     parse_int,
 )
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.pipeline import ANALYSES as KNOWN
 from pytest_kvaudit.report.writers import WRITERS
+from pytest_kvaudit.workers.partials import parse_shard
 
 MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
@@ -196,8 +201,6 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["device"] = parse_device(value(config, DEVICE) or "auto")
         kw["device_map"] = value(config, DEVICE_MAP)
         if (engine := value(config, BACKEND)) is not None:
-            from pytest_kvaudit.engine.backends import check
-
             kw["backend"] = check(engine)
         tf32 = value(config, TF32)
         if tf32 is not None and tf32 not in ("on", "off"):
@@ -224,8 +227,6 @@ def build_config(config: pytest.Config) -> AuditConfig:
         if config.getoption(dest(CHAT_TEMPLATE)) == "":
             raise KvauditError(f"{CHAT_TEMPLATE} is empty: give auto, on or off, or leave the flag out")
         if (chat := value(config, CHAT_TEMPLATE)) is not None:
-            from pytest_kvaudit.engine.chat import parse_mode
-
             kw["chat_template"] = parse_mode(chat, source(config, CHAT_TEMPLATE))
         kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
         return AuditConfig().replace(**kw)
@@ -236,8 +237,6 @@ def build_config(config: pytest.Config) -> AuditConfig:
 def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
     """(shard I/N, partials folder, merge folder): a shard needs a folder to write to, and a run either
     computes a shard or merges shards, never both."""
-    from pytest_kvaudit.workers.partials import parse_shard
-
     text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
     try:
         shard = parse_shard(text) if text is not None else None
@@ -263,7 +262,6 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
         return ()
     if names == ("all",):
         return names
-    from pytest_kvaudit.claims import registered
 
     known = [c.name for c in registered()]
     unknown = [n for n in names if n not in known]
@@ -275,8 +273,6 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
 
 def analyses_selection(config: pytest.Config) -> tuple[str, ...]:
     """--kvaudit-analyses: the analyses a run computes whatever its claims (``all``: every one)."""
-    from pytest_kvaudit.engine.pipeline import ANALYSES as KNOWN
-
     v = value(config, ANALYSES)
     names = tuple(n.strip() for n in (v or "").split(",") if n.strip())
     if names == ("all",):

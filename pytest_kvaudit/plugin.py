@@ -12,12 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import gate, interrupts, thresholds
+from pytest_kvaudit import gate, hooks, interrupts, thresholds
 from pytest_kvaudit import options as opt
+from pytest_kvaudit.claims import registered
+from pytest_kvaudit.engine.chat import checkpoint_source, header_line
 from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
-from pytest_kvaudit.report.writers import report_path
+from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.engine.ledger import slug
+from pytest_kvaudit.judge import Judge
+from pytest_kvaudit.report.comparison import compare_lines
+from pytest_kvaudit.report.document import dumps
+from pytest_kvaudit.report.terminal import lines, plan_lines
+from pytest_kvaudit.report.writers import WRITERS, report_path
 from pytest_kvaudit.run_report import run_report
+from pytest_kvaudit.selection import uses_store
 from pytest_kvaudit.session import KvauditSession
+from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
@@ -37,8 +47,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_kvaudit import hooks
-
     pluginmanager.add_hookspecs(hooks)
 
 
@@ -50,10 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
     audit = opt.build_config(config)
     lines = thresholds.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
     if lines:  # built-in claims (and conftest ones) are known now; test files' own at collection
-        from pytest_kvaudit.claims import registered
 
         thresholds.check_thresholds(lines, audit, registered())
-    from pytest_kvaudit.report.writers import WRITERS
 
     outputs = {w.flag: path for w in WRITERS if (path := opt.output_path(config, w.flag)) is not None}
     sess = KvauditSession(audit, config, lines, outputs, opt.value(config, opt.BASELINE),
@@ -72,8 +78,6 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(suites)
     folder = None  # the xdist run's shard folder, where its stop flag lives
     if config.pluginmanager.hasplugin("xdist"):
-        from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
-
         topo.worker, folder = worker_place(config), run_folder(config)
         if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
             sess.controller = XdistController()
@@ -122,7 +126,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = keep
     gate.add_item(session, items, config.stash[SESSION_KEY])
     if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
-        from pytest_kvaudit.selection import uses_store
 
         for item in filter(uses_store, items):
             item.add_marker(pytest.mark.skip(reason=PLAN_SKIP))
@@ -130,8 +133,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from pytest_kvaudit.engine.chat import checkpoint_source, header_line
-
     c = config.stash[SESSION_KEY].config
     return [
         f"kvaudit: model={c.model} dtypes={','.join(c.dtypes)} device={c.device} "
@@ -167,8 +168,6 @@ def kvaudit_records(kvaudit_store: Store) -> list[Any]:
 @pytest.fixture
 def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSession, kvaudit_store: Store) -> Judge:
     """Judge a claim: ``kvaudit_judge.claim()``, ``kvaudit_judge.exact(name, units)``, ``.verdict(result)``."""
-    from pytest_kvaudit.judge import Judge
-
     return Judge(kvaudit_session, request.node, kvaudit_store)  # type: ignore[arg-type]
 
 
@@ -186,8 +185,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for note in sess.notes:
         terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
     if sess.plan is not None:
-        from pytest_kvaudit.report.terminal import plan_lines
-
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
         for line in plan_lines(sess.plan):
             terminalreporter.write_line(line)
@@ -205,9 +202,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_sep("=", "kvaudit")
             terminalreporter.write_line(f"kvaudit could not run: {sess.error}")
         return
-    from pytest_kvaudit.report.comparison import compare_lines
-    from pytest_kvaudit.report.terminal import lines
-
     terminalreporter.write_sep("=", "kvaudit claims")
     for line in lines(rep):
         terminalreporter.write_line(line)
@@ -243,11 +237,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     rep = sess.report = run_report(sess)
     if rep is None:
         return
-    from pytest_kvaudit.engine.files import atomic_write_text
-    from pytest_kvaudit.engine.ledger import slug
-    from pytest_kvaudit.report.document import dumps
-    from pytest_kvaudit.report.writers import WRITERS
-
     sections = {n: d.get("html") for n, d in sess.display.items() if "html" in d}
     for writer in WRITERS:
         if writer.flag in sess.outputs:

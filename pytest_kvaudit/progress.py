@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from pytest_kvaudit.engine.files import atomic_write_text
 from pytest_kvaudit.engine.tally import Progress, Tally
 
 
@@ -59,8 +60,6 @@ def printer(config: pytest.Config) -> Printer | None:
 
 def worker_progress(folder: Path, index: int) -> Progress:
     """On an xdist worker: the tally to ``progress-<index>.json``, at most twice a second."""
-    from pytest_kvaudit.engine.files import atomic_write_text
-
     last = [0.0]
 
     def write(t: Tally) -> None:

@@ -9,14 +9,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.claims import least_units, registered
+from pytest_kvaudit.engine.calibrate import SAMPLE
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.estimate import remember
+from pytest_kvaudit.engine.pipeline import computes
+from pytest_kvaudit.engine.plan import make_plan
+from pytest_kvaudit.report.document import write
 
 
 def check_covered(claims: Sequence[Any], cfg: AuditConfig) -> None:
     """A merge judges what its shards computed: a selected claim whose needs they did not compute is an error."""
-    from pytest_kvaudit.engine.pipeline import computes
-
     for c in claims:
         lacking = [n for n in (c.needs or ("everything",)) if cfg.work is not None and not computes(cfg.work, n)]
         if lacking:
@@ -30,9 +34,6 @@ def claims_plan(selected: Sequence[Any], undeclared: Sequence[str], thresholds: 
     """The run's plan over the whole item set (:mod:`.engine.plan`), for the claims this run selects: what
     each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
     run a claim recorded (a ledger), if any. A test that reads the store without a claim gets a row too."""
-    from pytest_kvaudit.claims import least_units, registered
-    from pytest_kvaudit.engine.plan import make_plan
-
     claims = [c for c in selected if hasattr(c, "name")]
     th = {c.name: c.resolve(store.cfg, thresholds.get(c.name, {})) for c in claims}
     least = {c.name: least_units(c, thresholds.get(c.name, {}), store.cfg) for c in claims}
@@ -51,13 +52,8 @@ def price_only(make: Callable[..., dict[str, Any]], store: Any, workers: int, py
                report_path: Path | None) -> dict[str, Any]:
     """--kvaudit-plan: calibrate and price the run on an opened store; remembered for the run's end to
     compare, and written alone to the JSON report when one is asked for."""
-    from pytest_kvaudit.engine.calibrate import SAMPLE
-    from pytest_kvaudit.engine.estimate import remember
-
     plan = make(store, workers, SAMPLE)
     remember(getattr(pytest_config, "cache", None), config, plan)
     if report_path is not None:
-        from pytest_kvaudit.report.document import write
-
         write({"plan": plan, "config": {"dtypes": list(config.dtypes)}}, report_path)
     return plan

@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_kvaudit.claims import registered
+from pytest_kvaudit.claims.analyses import build as analyses
+from pytest_kvaudit.claims.needs import minimal_tokens
+from pytest_kvaudit.engine.baseline import partial_identity, run_identity
+from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.estimate import recall
+from pytest_kvaudit.engine.itemcheck import item_set_name
+from pytest_kvaudit.engine.pricing import price
+from pytest_kvaudit.report.comparison import compare
+from pytest_kvaudit.report.document import build, items_block
+from pytest_kvaudit.workers.partials import PARTIAL_RE
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -34,17 +46,12 @@ class ReportSession(Protocol):
 
 def plan_block(sess: ReportSession, plan: dict[str, Any]) -> dict[str, Any]:
     """The run's plan, with the estimate a --kvaudit-plan run left in pytest's cache for this same run."""
-    from pytest_kvaudit.engine.estimate import recall
-
     est = recall(getattr(sess.pytest_config, "cache", None), sess.config, int(plan.get("workers") or 1)) if plan else {}
     return {**plan, "estimate": est} if est else plan
 
 
 def run_report(sess: ReportSession) -> dict[str, Any] | None:
     """The report, or None when no claim was judged."""
-    from pytest_kvaudit.report.comparison import compare
-    from pytest_kvaudit.report.document import build
-
     if not sess.claims:
         return None
     info = sess.run_info or {}
@@ -71,10 +78,6 @@ def identity(sess: ReportSession, strict: bool = False) -> dict[str, Any]:
     they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's check) raises."""
     import json
 
-    from pytest_kvaudit.engine.baseline import partial_identity, run_identity
-    from pytest_kvaudit.engine.errors import KvauditError
-    from pytest_kvaudit.workers.partials import PARTIAL_RE
-
     if sess.identity is None:
         merge = sess.topology.merge
         try:
@@ -95,13 +98,6 @@ def identity(sess: ReportSession, strict: bool = False) -> dict[str, Any]:
 def run_info(store: Store, config: AuditConfig, claims: Sequence[Claim] | None = None) -> dict[str, Any]:
     """What the report needs from the store, as plain data (shipped once to the controller); ``claims``: the
     run's selected claims (:meth:`.session.KvauditSession.selected`; default every registered one)."""
-    from pytest_kvaudit.claims import registered
-    from pytest_kvaudit.claims.analyses import build as analyses
-    from pytest_kvaudit.claims.needs import minimal_tokens
-    from pytest_kvaudit.engine.itemcheck import item_set_name
-    from pytest_kvaudit.engine.pricing import price
-    from pytest_kvaudit.report.document import items_block
-
     # the least work is what the claims this run selected need (they decide what it computes, cfg.work)
     minimal = sum(minimal_tokens(registered() if claims is None else claims, list(store.records.values()),
                                  store.cfg).values())

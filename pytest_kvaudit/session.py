@@ -10,9 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvaudit import verdicts
+from pytest_kvaudit.claims import registered
+from pytest_kvaudit.claims.needs import builtin, work
 from pytest_kvaudit.engine.config import AuditConfig
+from pytest_kvaudit.engine.decoder import NO_FAULTS
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.progress import printer, worker_progress
+from pytest_kvaudit.report.writers import report_path
+from pytest_kvaudit.run_plan import check_covered, claims_plan, price_only
 from pytest_kvaudit.selection import claims_of, selected_claims, uses_store
+from pytest_kvaudit.workers.lifecycle import Lifecycle
 from pytest_kvaudit.workers.topology import Topology
 
 #: where an xdist worker ships its selection to the controller (``workeroutput``)
@@ -65,9 +73,6 @@ class KvauditSession:
     @property
     def lifecycle(self) -> Lifecycle:
         if self._lifecycle is None:
-            from pytest_kvaudit.engine.decoder import NO_FAULTS
-            from pytest_kvaudit.workers.lifecycle import Lifecycle
-
             faults = self.pytest_config.hook.pytest_kvaudit_faults(config=self.pytest_config) or NO_FAULTS
             self._lifecycle = Lifecycle(self.config, self.topology, faults)
         return self._lifecycle
@@ -76,9 +81,6 @@ class KvauditSession:
         """The run's store (:meth:`.workers.lifecycle.Lifecycle.obtain`). A runner's shard is not the whole: in a
         ``--kvaudit-shard`` run every kvaudit test skips once the shard is recorded, saying how to judge it."""
         if self.store is None and self.error is None:
-            from pytest_kvaudit.progress import printer
-            from pytest_kvaudit.run_plan import check_covered
-
             try:
                 self.store = self.lifecycle.obtain(self.make_plan, printer(self.pytest_config))
                 self.config = self.lifecycle.config  # a merge runs the partials' plan
@@ -105,9 +107,6 @@ class KvauditSession:
         """After collection (on each xdist worker alike, whose collections xdist checks are equal): the claims
         the run's tests judge, and the work they need into the run's config (``AuditConfig.work``), so that
         every process and every runner's shard computes the same cells and the plan prices only those."""
-        from pytest_kvaudit.claims import registered
-        from pytest_kvaudit.claims.needs import builtin, work
-
         readers = [i for i in items if uses_store(i)]
         self.collected_claims, self.undeclared = claims_of(readers, {c.name for c in registered()})
         if readers:
@@ -127,16 +126,11 @@ class KvauditSession:
 
     def make_plan(self, store: Store, workers: int, sample: int = 0) -> dict[str, Any]:
         """The run's plan for the claims this run selects (:func:`.run_plan.claims_plan`)."""
-        from pytest_kvaudit.run_plan import claims_plan
-
         return claims_plan(self.selected(), self.undeclared, self.thresholds, store, workers, sample)
 
     def plan_run(self, workers: int) -> None:
         """--kvaudit-plan: open the store (nothing computed), calibrate and price the run; the report file, when
         one is asked for, holds the plan block alone."""
-        from pytest_kvaudit.report.writers import report_path
-        from pytest_kvaudit.run_plan import price_only
-
         try:
             self.plan = price_only(self.make_plan, self.lifecycle.open(), workers, self.pytest_config, self.config,
                                    report_path(self.outputs))
@@ -159,8 +153,6 @@ class KvauditSession:
         t = self.topology
         if (t.worker is not None and t.merge is None and not session.config.option.collectonly and not self.plan_only
                 and any(map(uses_store, session.items))):
-            from pytest_kvaudit.progress import worker_progress
-
             index, _, folder = t.worker
             failed = self.lifecycle.compute_worker(self.make_plan, worker_progress(folder, index), self.error)
             if failed is not None and t.shard is not None:  # a shard's claims skip without merging: fail here
@@ -170,6 +162,4 @@ class KvauditSession:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """The claims' verdicts, from this process's tests or, on the xdist controller, the workers'."""
-        from pytest_kvaudit import verdicts
-
         verdicts.collect(self, report)

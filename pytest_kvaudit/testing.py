@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine.gguf import convert
+
 CHARS = list("0123456789+=;|AS:")
 SPECIALS = ["<pad>", "<eos>"]
 #: A chat template for the char tokenizer that renders only characters in its vocabulary (one token each),
@@ -228,7 +230,6 @@ def smollm2(cache: Path | None = None) -> tuple[Path, Path]:
     import tempfile
     import zipfile
 
-    from pytest_kvaudit.engine.gguf import convert
 
     folder = (cache or kvaudit_cache() / "smollm2").expanduser()
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_kvaudit.claims import registered
 from pytest_kvaudit.engine.config import AuditConfig, parse_threshold_value
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.options import STRICT, THRESHOLDS_INI
@@ -84,7 +85,6 @@ def at_collection(sess: KvauditSession) -> None:
     """
     if not sess.thresholds:
         return
-    from pytest_kvaudit.claims import registered
 
     try:
         unknown = check_thresholds(sess.thresholds, sess.config, registered())
@@ -108,8 +108,6 @@ def gate_unread(session: pytest.Session, sess: KvauditSession) -> None:
         return
     unread = unread_thresholds(sess.thresholds, sess.claims)
     if unread:
-        from pytest_kvaudit.claims import registered
-
         sess.gate_line = unread_thresholds_message(unread, sess.claims, registered())
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

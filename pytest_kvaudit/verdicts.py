@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
+from pytest_kvaudit.claims.base import ClaimResult
+from pytest_kvaudit.run_report import run_info
+
 if TYPE_CHECKING:
     from pytest_kvaudit.claims.base import Claim, ClaimResult
     from pytest_kvaudit.engine.config import AuditConfig
@@ -38,8 +41,6 @@ def record(sess: VerdictBook, result: ClaimResult, display: dict[str, Any], node
     node.user_properties.append((CLAIM_PROP, json.dumps(result.to_dict(), default=list)))
     node.user_properties.append((DISPLAY_PROP, json.dumps({"name": result.name, **display})))
     if sess.store is not None and not sess.run_info:
-        from pytest_kvaudit.run_report import run_info
-
         sess.run_info = run_info(sess.store, sess.config, sess.selected())
     if sess.run_info:
         node.user_properties.append((RUN_PROP, json.dumps(sess.run_info, default=list)))
@@ -52,7 +53,6 @@ def collect(sess: VerdictBook, report: pytest.TestReport) -> None:
         sess.gate_result = json.loads(str(props[GATE_PROP]))
     if CLAIM_PROP not in props or report.when == "teardown":
         return
-    from pytest_kvaudit.claims.base import ClaimResult
 
     result = ClaimResult.from_dict(json.loads(str(props[CLAIM_PROP])))
     sess.claims[result.name] = result

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.progress import WorkerProgress, printer
+from pytest_kvaudit.session import SELECTION_KEY
 from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"
@@ -55,7 +56,6 @@ class XdistController:
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         wid = str(node.workerinput.get("workerid", ""))
-        from pytest_kvaudit.session import SELECTION_KEY
 
         self.selection = self.selection or (getattr(node, "workeroutput", None) or {}).get(SELECTION_KEY)
         interrupted = (getattr(node, "workeroutput", None) or {}).get("exitstatus") == pytest.ExitCode.INTERRUPTED

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pytest_kvaudit.claims.stats import wilson_interval
+from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.pipeline import lacked
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.cells import CellRecord
@@ -133,8 +135,6 @@ class Claim:
         """Why this claim has nothing to judge in a run of ``config`` (its test skips, saying so, before any
         verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies. By
         default: a need the run's backend lacks (the llama.cpp backend has no per-layer K/V to sweep)."""
-        from pytest_kvaudit.engine.pipeline import lacked
-
         missing = lacked(config.backend, self.needs or ())
         return f"the {config.backend} backend cannot compute {', '.join(missing)}" if missing else None
 
@@ -235,8 +235,6 @@ def least_units(claim: Claim | str, thresholds: Mapping[str, Any] | None = None,
                 config: AuditConfig | None = None) -> dict[str, float | None]:
     """What ``claim`` needs to decide, with its default thresholds (from ``config`` where they depend on it)
     overridden by ``thresholds``: ``{what: amount}``, as :meth:`Claim.least_evidence` says it."""
-    from pytest_kvaudit.engine.config import AuditConfig
-
     c = get(claim) if isinstance(claim, str) else claim
     return c.least_evidence(c.resolve(config or AuditConfig(), thresholds or {}))
 

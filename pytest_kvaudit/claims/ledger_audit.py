@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.claims.base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
+from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.engine import ledger as L
 from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
@@ -147,7 +148,5 @@ class LedgerAudit(Claim):
         return not result.figures.get("recorded") and result.n > 0
 
     def html(self, result: Any, run: Any) -> str | None:
-        from pytest_kvaudit.claims.htmlkit import e, section, status, table
-
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [
             [status(result["status"]), f"{result['k']}/{result['n']}", e(result["reason"])]]))

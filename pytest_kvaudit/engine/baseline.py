@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine import gguf
 from pytest_kvaudit.engine.config import AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.itemcheck import item_set_name, resolve
+from pytest_kvaudit.engine.loading import read_config, resolve_checkpoint
 
 FLAG = "--kvaudit-baseline-fail"
 #: metric -> the directions a rule may name for it
@@ -103,9 +106,6 @@ def items_digest(items: Any) -> str:
 
 def _model(cfg: AuditConfig, local: Path) -> dict[str, Any]:
     """Architecture and depth from config.json or the GGUF header: no weights read, no torch."""
-    from pytest_kvaudit.engine import gguf
-    from pytest_kvaudit.engine.loading import read_config
-
     if (g := gguf.gguf_file(local)) is not None:
         meta = gguf.read_header(g)["metadata"]
         arch = str(meta.get("general.architecture", "unknown"))
@@ -120,9 +120,6 @@ def _model(cfg: AuditConfig, local: Path) -> dict[str, Any]:
 def run_identity(cfg: AuditConfig) -> dict[str, Any]:
     """What a run asks, as the gate compares it: model shape, items and settings. Reads config.json (or a GGUF
     header) and the item file only."""
-    from pytest_kvaudit.engine.itemcheck import item_set_name, resolve
-    from pytest_kvaudit.engine.loading import resolve_checkpoint
-
     cfg, iset = resolve(cfg)
     work = cfg.work_identity()
     settings = {k: work[k] for k in SETTINGS if k in work}

@@ -7,6 +7,11 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.engine.cells import prompt_ids
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
+from pytest_kvaudit.engine.items import stopper, token_text
+
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
 
@@ -19,11 +24,6 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     items' lengths (trajectory, then a prefill to see whether the item diverges). The precisions run last to
     first, so the model the store computes first stays loaded. Counted apart from the store's cost."""
     import torch
-
-    from pytest_kvaudit.engine.cells import prompt_ids
-    from pytest_kvaudit.engine.config import BoundaryRule
-    from pytest_kvaudit.engine.decoder import Cost, Decoder, continue_greedy, trajectory
-    from pytest_kvaudit.engine.items import stopper, token_text
 
     def sync(dev: Any) -> None:
         if getattr(dev, "type", "") == "cuda":

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine import gguf
 from pytest_kvaudit.engine.errors import KvauditError
 
 FLAG = "--kvaudit-chat-template"
@@ -55,8 +56,6 @@ def template_source(checkpoint: Path) -> str | None:
 
     Read from the files, without loading a tokenizer, so the header can say it before anything loads; the
     files are the ones transformers reads the template from."""
-    from pytest_kvaudit.engine import gguf
-
     try:
         file = gguf.gguf_file(checkpoint)
         if file is not None:

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine.backends import lacks
 from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.engine.pipeline import computes
+from pytest_kvaudit.engine.schedules import extra_constructions
+from pytest_kvaudit.engine.state import known_kind, lossy
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # pytest_kvaudit/, this file being in engine/
 # Installed wheels carry the checkpoint as package data; a source checkout keeps it in fixtures/.
@@ -81,8 +85,6 @@ def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
     """``--kvaudit-cache=dynamic,static,quantized:quanto-int4`` -> the kinds beyond the dynamic one, which the
     claims always run on. A quantized kind is checked here, with its extra, so a missing package is one line
     before anything loads."""
-    from pytest_kvaudit.engine.state import known_kind, lossy
-
     kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
     bad = [k for k in kinds if not known_kind(k)]
     if bad or not kinds:
@@ -212,9 +214,6 @@ class AuditConfig:
     work: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        from pytest_kvaudit.engine.backends import lacks
-        from pytest_kvaudit.engine.pipeline import computes
-
         # what the backend cannot do is neither run nor priced (the report names it): a whole-state engine has no
         # layers to sweep, a one-sequence context no batch to compare a row of; nor what no selected claim reads
         for field_name, what in (("sweep_units", "layer_sweep"), ("batch_units", "batch_invariance")):
@@ -223,8 +222,6 @@ class AuditConfig:
 
     def computes(self, what: str) -> bool:
         """Whether this run computes ``what`` (a group, analysis or construction: :func:`.pipeline.computes`)."""
-        from pytest_kvaudit.engine.pipeline import computes
-
         return computes(self.work, what)
 
     def replace(self, **kw: object) -> AuditConfig:
@@ -239,8 +236,6 @@ class AuditConfig:
         """What decides the work a run computes beyond the model and the item set: the fields of
         :data:`WORK_FIELDS` and the registered schedules every cell computes. Shards merged into one run must
         agree on it, and a plan's estimate is kept for the run that has it."""
-        from pytest_kvaudit.engine.schedules import extra_constructions
-
         d = dataclasses.asdict(self)
         return {**{k: list(d[k]) if isinstance(d[k], tuple) else d[k] for k in WORK_FIELDS},
                 "constructions": list(extra_constructions())}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_kvaudit.engine import state as kv
+from pytest_kvaudit.engine.backends.transformers import TransformersBackend
 from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import find_boundary
@@ -61,7 +62,6 @@ class Decoder:
     def __init__(self, backend: Any, eos_ids: frozenset[int] | None = None, cost: Cost | None = None,
                  faults: Faults = NO_FAULTS, cache_kind: str = "dynamic", max_cache_len: int | None = None) -> None:
         if not hasattr(backend, "step"):  # a model already in memory: the transformers backend over it
-            from pytest_kvaudit.engine.backends.transformers import TransformersBackend
 
             backend = TransformersBackend.of_model(backend, eos_ids or frozenset())
         self.backend = backend

@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.engine.config import LOW_PRECISION
+
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.config import AuditConfig
     from pytest_kvaudit.engine.pricing import Lengths
@@ -77,8 +79,6 @@ def rates(cfg: AuditConfig, sample: Mapping[str, Sequence[Lengths]]) -> dict[str
 
 def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
     """What the run will have of each kind of evidence the claims name: (at most, expected)."""
-    from pytest_kvaudit.engine.config import LOW_PRECISION
-
     d = len(cfg.dtypes)
     low = [x for x in cfg.dtypes if x in LOW_PRECISION]
     high = [x for x in cfg.dtypes if x not in LOW_PRECISION]

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pytest_kvaudit.engine.backends import backend_constructions
+from pytest_kvaudit.engine.backends import backend_constructions, lacks
 from pytest_kvaudit.engine.schedules import extra_constructions, runs_forwards, schedule
 
 
@@ -150,8 +150,6 @@ def unknown_needs(needs: Iterable[str], cfg: RunSettings) -> list[str]:
 
 def lacked(backend: str, needs: Iterable[str]) -> list[str]:
     """The needs that ``backend`` cannot compute (llama.cpp's state is read whole: no layers to sweep)."""
-    from pytest_kvaudit.engine.backends import lacks
-
     return [n for n in needs if n in CAPABILITIES and lacks(backend, n)]
 
 

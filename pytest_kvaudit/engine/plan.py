@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.calibrate import SAMPLE, calibrate
+from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
+from pytest_kvaudit.engine.environment import environment
 from pytest_kvaudit.engine.evidence import StrictFn, decides, evidence, rates, strict_n
 from pytest_kvaudit.engine.ledger_price import ledger_prediction
 from pytest_kvaudit.engine.pricing import Lengths, total, transplants_per_unit, work
@@ -129,9 +131,6 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     is what each selected claim needs to decide (``Claim.least_evidence``), ``ledger`` the recorded ledger of
     this model, if any, whose lengths predict the run; ``inapplicable`` why a claim cannot run here, and
     ``strict`` each claim's further needs at given rates (:meth:`Claim.strict_needs`), for its strict n."""
-    from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
-    from pytest_kvaudit.engine.environment import environment
-
     cfg, iset = store.cfg, store.item_set
     # a sample of 0 (what a normal run's report block uses) runs no calibration at all: every trajectory of
     # a run is computed once, by the store, so the plan there is the bound and the memory, priced after

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_kvaudit.engine import state as kv
 from pytest_kvaudit.engine.backends import Backend
+from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
 from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.decoder import Cost, Decoder, Faults, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
@@ -158,8 +159,6 @@ def lossy_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
 def batch_invariance(store: ProbeStore, dec: Decoder, h: Backend, dtype: str) -> None:
     """The item's boundary state computed alone vs as one row of a left-padded batch of others (one forward
     through the decoder: counted, and seen by the state fault hook at path ``batch``)."""
-    from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
-
     b, all_items = store.cfg.batch_size, store.item_set.items
     per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
     index = {it.id: i for i, it in enumerate(all_items)}

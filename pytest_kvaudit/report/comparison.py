@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.claims import base
+from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.engine.baseline import Rules
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.report.document import display_of, ordered
@@ -41,7 +43,6 @@ def comparable(report: Mapping[str, Any], name: str) -> bool:
     shown = display_of(report, name)
     if "comparable" in shown:
         return bool(shown["comparable"])
-    from pytest_kvaudit.claims import base
 
     if name in {c.name for c in base.registered()}:
         return base.get(name).comparable(base.ClaimResult.from_dict(report["claims"][name]))
@@ -56,8 +57,6 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], rules: Rule
             ledger: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The report's ``baseline`` block: per claim both verdicts side by side, the changes, and the ledger
     comparison that ``kvaudit::baseline`` made (absent when that test did not run)."""
-    from pytest_kvaudit.claims.stats import wilson_interval
-
     changes: list[dict[str, Any]] = []
     claims: dict[str, dict[str, Any]] = {}
     for name in ordered(current):

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.claims import base
+from pytest_kvaudit.claims.base import USER_ORDER, ClaimResult, finite
 from pytest_kvaudit.engine.files import atomic_write_text
 
 if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
@@ -72,8 +74,6 @@ def build(
 
 
 def _finite(x: Any) -> Any:
-    from pytest_kvaudit.claims.base import finite
-
     return finite(x)
 
 
@@ -97,12 +97,9 @@ def _default(o: Any) -> Any:
 def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
     """How claim ``name`` shows itself: from the report's display block, else from the registered claim
     (a report written before the block existed), else the plain reason."""
-    from pytest_kvaudit.claims.base import USER_ORDER, ClaimResult
-
     shown = report.get("display", {}).get(name)
     if shown is not None:
         return dict(shown)
-    from pytest_kvaudit.claims import base
 
     c = report["claims"][name]
     if name in {cl.name for cl in base.registered()}:
@@ -112,6 +109,4 @@ def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def ordered(report: Mapping[str, Any]) -> list[str]:
     """Claim names in display order: the paper's, then users' claims by name."""
-    from pytest_kvaudit.claims.base import USER_ORDER
-
     return sorted(report["claims"], key=lambda n: (display_of(report, n).get("order", USER_ORDER), n))

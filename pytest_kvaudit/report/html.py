@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.claims import base
 from pytest_kvaudit.claims.htmlkit import e, status, table
 from pytest_kvaudit.engine.files import atomic_write_text
 from pytest_kvaudit.report import figures as analysis
@@ -31,7 +32,6 @@ figcaption{font-size:90%;color:#555}code{background:#f6f6f6;padding:0 3px}
 def _claim_section(report: Mapping[str, Any], name: str, given: Mapping[str, str | None]) -> str | None:
     if name in given:
         return given[name]
-    from pytest_kvaudit.claims import base
 
     if name in {c.name for c in base.registered()}:
         return base.get(name).html(report["claims"][name], report)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.workers.partials import item_set_info, write
 
 if TYPE_CHECKING:
     from pytest_kvaudit.engine.store import Store
@@ -58,15 +59,11 @@ def collect_exports(folder: Path, count: int, poll: float = 0.2, timeout: float 
 def export(store: Store, set_name: str) -> dict[str, Any]:
     """A store's export with what a merge compares across runners: the item set and the options that decide
     the work (``plan``, as :mod:`.partials` checks it); the run's priced plan travels as ``run_plan``."""
-    from pytest_kvaudit.workers.partials import item_set_info
-
     return {**store.export(), "item_set": item_set_info(store.item_set, set_name), "plan": store.cfg.work_identity(),
             "run_plan": store.plan}
 
 
 def write_partial(folder: Path, shard: tuple[int, int], exports: list[dict[str, Any]]) -> Path:
-    from pytest_kvaudit.workers.partials import write
-
     try:
         return write(folder, *shard, exports)
     except OSError as exc:

@@ -25,6 +25,7 @@ from pytest_kvaudit.engine.config import EMBEDDED_DIR, WORK_FIELDS, AuditConfig
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.files import atomic_write_text
 from pytest_kvaudit.engine.items import Item, ItemSet
+from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")
@@ -106,8 +107,6 @@ def _show(v: Any) -> str:
 
 def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
     """Refuse shards that are not one run split N ways: one line naming the files and the field that differs."""
-    from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
-
     model_fields = ("weights_digest", *(f for f in MODEL_FIELDS if f != "weights_digest"))  # the usual culprit first
 
     def name(p: Path) -> str:

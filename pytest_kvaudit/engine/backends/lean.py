@@ -25,6 +25,8 @@ import copy
 import sys
 from typing import Any
 
+from pytest_kvaudit.engine.state import cache_kwarg
+
 #: causal LM classes whose decoder layer this step reproduces op for op (checked at the first step)
 KNOWN = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
 
@@ -96,7 +98,6 @@ class LeanStep:
         """The lean step checked bit for bit against transformers' forward on a copy of the same cache."""
         import torch
 
-        from pytest_kvaudit.engine.state import cache_kwarg
 
         theirs = copy.deepcopy(cache)
         x = torch.tensor([[tok]], dtype=torch.long, device=self.device)

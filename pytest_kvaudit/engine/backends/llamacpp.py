@@ -30,6 +30,8 @@ from typing import Any
 from pytest_kvaudit.engine.backends.engine_constructions import RESTORE, WARM
 from pytest_kvaudit.engine.backends.llamacpp_tokens import LlamaCppTokenizer
 from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.engine.gguf import _causal_lm_class, gguf_file
+from pytest_kvaudit.engine.loading import file_digest
 from pytest_kvaudit.engine.state.whole import NOT_AVAILABLE, WholeState
 
 NAME = "llama.cpp"
@@ -259,9 +261,6 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
     import hashlib
     import json
 
-    from pytest_kvaudit.engine.gguf import _causal_lm_class  # the class a config.json would name, as the GGUF path does
-    from pytest_kvaudit.engine.loading import file_digest
-
     meta = dict(llm.metadata)
     arch = str(meta.get("general.architecture", "unknown"))
     ftypes = {v: k.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_")
@@ -280,8 +279,6 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
                  allow_pickle: bool = False, device_map: str | None = None) -> LlamaCppBackend:
-    from pytest_kvaudit.engine.gguf import gguf_file
-
     _llama_cpp()  # the engine missing is the first thing to say
     if device not in ("auto", "cpu"):
         raise KvauditError(f"--kvaudit-device={device}: the {NAME} backend runs on the CPU here (one thread)")

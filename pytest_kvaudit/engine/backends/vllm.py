@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_kvaudit.engine.backends.vllm_calibrate import calibrate
+from pytest_kvaudit.engine.backends.vllm_cells import VllmCellBuilder
 from pytest_kvaudit.engine.backends.vllm_engine import (
     BLOCK_SIZE,
     CUDA_GRAPHS,
@@ -44,8 +46,10 @@ from pytest_kvaudit.engine.backends.vllm_engine import (
     internal,
     load_vllm,
 )
+from pytest_kvaudit.engine.backends.vllm_state import VllmState
 from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.engine.items import token_text
+from pytest_kvaudit.engine.loading import load_tokenizer, model_identity, read_config
 
 __all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
 
@@ -57,8 +61,6 @@ class VllmBackend:
     constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`.vllm_cells` builds them
 
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool) -> None:
-        from pytest_kvaudit.engine.loading import load_tokenizer, model_identity
-
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
@@ -145,8 +147,6 @@ class VllmBackend:
     # -- blocks --------------------------------------------------------------------------------
     def read(self, blocks: Sequence[int], positions: int) -> Any:
         """The K/V of the first ``positions`` positions held in ``blocks``, copied out of every layer."""
-        from pytest_kvaudit.engine.backends.vllm_state import VllmState
-
         n = -(-positions // BLOCK_SIZE)
         if n > len(blocks):
             raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
@@ -178,20 +178,14 @@ class VllmBackend:
                 "parameters": 0, "recurrent": 0}
 
     def calibrate(self, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:
-        from pytest_kvaudit.engine.backends.vllm_calibrate import calibrate
-
         return calibrate(self, items, prompts, item_set, cost)
 
     def cell_builder(self, *args: Any, **kw: Any) -> Any:
-        from pytest_kvaudit.engine.backends.vllm_cells import VllmCellBuilder
-
         return VllmCellBuilder(*args, **kw)
 
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
                  allow_pickle: bool = False, device_map: str | None = None) -> VllmBackend:
-    from pytest_kvaudit.engine.loading import read_config
-
     load_vllm()  # the engine missing is the first thing to say
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix == ".gguf":

@@ -9,15 +9,14 @@ from typing import Any
 
 from pytest_kvaudit.engine.backends.vllm_cells import aligned
 from pytest_kvaudit.engine.backends.vllm_engine import BLOCK_SIZE
+from pytest_kvaudit.engine.config import BoundaryRule
+from pytest_kvaudit.engine.items import find_boundary
 
 
 def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:
     """The plan's calibration in requests (:mod:`..calibrate`): per item a prompt-only request and the live
     one, timed (per call = a decode step, per token = what a longer prompt adds), and a cold prefill of its
     block-aligned prefix to see whether it diverges."""
-    from pytest_kvaudit.engine.config import BoundaryRule
-    from pytest_kvaudit.engine.items import find_boundary
-
     rows: list[dict[str, Any]] = []
     t_prompt = t_decode = 0.0
     n_prompt = n_decode = 0

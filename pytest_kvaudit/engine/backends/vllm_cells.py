@@ -37,6 +37,7 @@ from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, find_boundary
 from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA, constructions
 from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, TOO_LONG, CellRecord, Transplant
+from pytest_kvaudit.engine.state import fingerprint_ids
 from pytest_kvaudit.engine.state.tensors import digest
 
 WARM = "warm"
@@ -262,7 +263,6 @@ class VllmCellBuilder(CellBuilder):
     def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], fixed: tuple[int, ...] | None) -> None:
         if fixed is None:
             return
-        from pytest_kvaudit.engine.state import fingerprint_ids
 
         rec.fixed_prefix_fp, rec.fixed_prefix_len = fingerprint_ids(fixed), len(fixed)
         budget = self.item_set.max_new_tokens - (len(fixed) - len(prompt))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.state.protocol import LayerComparison, PartDiff
 from pytest_kvaudit.engine.state.tensors import fingerprint_tensors, first_position, ulps
 
@@ -81,8 +82,6 @@ def first_difference(a: VllmState, b: VllmState) -> dict[str, Any] | None:
 def transplant(receiver: VllmState, donor: VllmState, layers: Sequence[int] | None = None, parts: str = "kv") -> VllmState:
     """A new state: ``receiver`` with ``donor``'s blocks in ``layers`` (all by default). Whole blocks move, K and V
     together: a K-only or V-only transplant is not available (the engine keeps them in one block)."""
-    from pytest_kvaudit.engine.errors import UnsupportedCacheError
-
     if parts != "kv":
         raise UnsupportedCacheError(f"the vllm backend keeps K and V in one block: a {parts!r}-only transplant is not available")
     out = receiver.clone()
