@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([label, st.cost.forward_calls, st.cost.forward_tokens, t, div["whole" if st is whole else "stopped"]])
     rows.append(["stopped / whole", stopped.cost.forward_calls / whole.cost.forward_calls,
                  stopped.cost.forward_tokens / whole.cost.forward_tokens, t_stop / t_whole, "-"])
-    print(C.table(f"{a.items} x {a.n} items, {a.dtypes}, {Path(a.model).name}, every built-in claim's work",
-                  ["run", "forward calls", "forward tokens", "seconds", "live vs prefill divergent"], rows))
+    C.table(f"{a.items} x {a.n} items, {a.dtypes}, {Path(a.model).name}, every built-in claim's work",
+                  ["run", "forward calls", "forward tokens", "seconds", "live vs prefill divergent"], rows)
     checks = [["label as the whole suffix reads it", same_label, units], ["answer as the whole suffix reads it", same_answer, units],
               ["stopped suffix = the whole one cut short", cut_short, units]]
-    print(C.table("what the stop keeps (per unit and construction)", ["check", "yes", "of"], checks))
+    C.table("what the stop keeps (per unit and construction)", ["check", "yes", "of"], checks)
     C.write_json(a.out, {"threads": threads_line, "environment": C.environment(a.device), "model": a.model, "n": a.n,
                          "rows": rows, "checks": checks, "divergent": div, "stop_regex": stopped.item_set.stop_regex})
     return 0 if same_label == same_answer == cut_short == units else 1
