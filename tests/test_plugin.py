@@ -89,7 +89,7 @@ def test_suite_runs_on_a_tiny_llama_and_writes_the_report(pytester: pytest.Pytes
     assert data["model"]["architecture"] == "LlamaForCausalLM" and data["model"]["num_layers"] == 2
     assert data["model"]["weights_digest"].startswith("sha256:")
     assert data["items"] == {"total": 8, "eligible": 8, "ineligible": {}, "ineligible_items": [],
-                             "set": str(tiny_llama / "items.jsonl")}
+                             "set": str(tiny_llama / "items.jsonl"), "stop_regex": None}
     for name in ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following"):
         c = data["claims"][name]
         assert set(c) >= {"status", "n", "k", "interval", "reason", "figures"}

@@ -153,6 +153,7 @@ class Scripted:
     """A decoder that emits ``script`` one token a step and counts its forwards."""
 
     eos_ids = frozenset({0})
+    stop = None  # no item set's stop rule: the suffix runs to its budget, EOS or the departure
 
     def __init__(self, script: tuple[int, ...]) -> None:
         self.script, self.calls = script, 0
