@@ -47,6 +47,7 @@ SEED = "--kvaudit-seed"
 REPORT = "--kvaudit-report"
 CHUNKS = "--kvaudit-chunks"
 DONOR_UNITS = "--kvaudit-donor-units"
+EXACT_ITEMS = "--kvaudit-exact-items"
 THREADS = "--kvaudit-threads"
 TRUST_REMOTE_CODE = "--kvaudit-trust-remote-code"
 ALLOW_PICKLE = "--kvaudit-allow-pickle"
@@ -87,6 +88,8 @@ VALUE_OPTIONS: dict[str, str] = {
     SEED: "seed of the paired bootstrap (default: 0); shard plans need none, they are round-robin",
     CHUNKS: "comma list of chunk sizes C: adds chunked(C) constructions",
     DONOR_UNITS: "at most this many divergent items get transplants (default: 64)",
+    EXACT_ITEMS: ("compute the replicas and the incremental bridge (what the replica and bridge claims read) "
+                  "on the first N items of the set only; every other claim still reads every item (default: all)"),
     BASELINE: ("gate on a recorded run (snapshots/<slug>/ or a report JSON): checked before anything loads, compared "
                "verdict by verdict and trajectory by trajectory in the kvaudit::baseline test"),
     BASELINE_FAIL: ("what fails the baseline gate: METRIC:DIRECTION,... with divergence and labels "
@@ -150,6 +153,7 @@ INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     MAX_NEW_TOKENS: (1, None, "tokens generated per trajectory"),
     SEED: (0, 2**32 - 1, "the bootstrap seed"),
     DONOR_UNITS: (0, None, "divergent items that get transplants; 0 turns them off"),
+    EXACT_ITEMS: (1, None, "items that get the replicas and the bridge"),
     THREADS: (1, 4096, "torch CPU threads per process"),
 }
 
@@ -220,6 +224,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["chunks"] = parse_chunks(value(config, CHUNKS))
         if (d := _int(config, DONOR_UNITS)) is not None:
             kw["donor_max_units"] = d
+        kw["exact_items"] = _int(config, EXACT_ITEMS)
         kw["threads"] = _int(config, THREADS)
         for name, attr in ((TRUST_REMOTE_CODE, "trust_remote_code"), (ALLOW_PICKLE, "allow_pickle"),
                            (LEDGER_TOKENS_ONLY, "ledger_tokens_only")):

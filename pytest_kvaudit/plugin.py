@@ -138,6 +138,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"kvaudit: model={c.model} dtypes={','.join(c.dtypes)} device={c.device} "
         f"attn={c.attn or 'checkpoint default'} seed={c.seed}",
         f"kvaudit: {header_line(c.chat_template, checkpoint_source(c.model))}",
+        *([f"kvaudit: replicas and the bridge on the first {c.exact_items} items of the set (--kvaudit-exact-items); "
+           "every other claim reads every item"] if c.exact_items is not None else []),
     ]
 
 

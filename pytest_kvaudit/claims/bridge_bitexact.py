@@ -18,7 +18,7 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
-from pytest_kvaudit.claims.notes import ineligible_note
+from pytest_kvaudit.claims.notes import exact_note, ineligible_note
 from pytest_kvaudit.engine.backends import lacks
 
 
@@ -36,7 +36,7 @@ class BridgeBitexact(Claim):
         return {"items_x_precisions": int(thresholds["min_units"])}
 
     def judge(self, ev: Evidence) -> ClaimResult:
-        rows = ev.eligible()
+        rows = [r for r in ev.eligible() if "incremental" in r.constructions]  # --kvaudit-exact-items: the first N
         unsupported = sorted({r.unsupported for r in rows if r.unsupported})
         if unsupported:
             return self.result(INCONCLUSIVE, 0, 0, unsupported[0])
@@ -56,9 +56,9 @@ class BridgeBitexact(Claim):
                                details=details)
         if n < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
-                                                   f"{ineligible_note(ev.records, ev.config)}")
+                                                   f"{ineligible_note(ev.records, ev.config)}{exact_note(ev.config)}")
         what = "the engine's whole state, byte for byte" if whole else "every layer's K and V"
-        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} ({what}, suffix)")
+        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} ({what}, suffix){exact_note(ev.config)}")
 
     def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [

@@ -93,7 +93,8 @@ class LedgerAudit(Claim):
                      if moved else "")
             figs: dict[str, Any] = {"identity_differences": diffs, "ledger": str(path)}
             if any(d.startswith(("model.", "config.")) for d in diffs):
-                return self.result(FAIL, a.units, a.reproduced, f"ledger {path} was recorded for another model: "
+                whom = "another model" if any(d.startswith("model.") for d in diffs) else "other settings"
+                return self.result(FAIL, a.units, a.reproduced, f"ledger {path} was recorded for {whom}: "
                                    f"{'; '.join(diffs)}; record a ledger for this checkpoint with --snapshot-update "
                                    f"(or --kvaudit-snapshots=DIR){units}", figs, list(a.mismatches))
             # Another CPU, GPU or library version computes other bits without the checkpoint being at fault:

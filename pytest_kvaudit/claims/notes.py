@@ -31,3 +31,9 @@ def lossy_note(config: AuditConfig) -> str:
     kinds = [k for k in config.cache_axes if is_lossy(k)]
     return (f" (lossy cache kinds {', '.join(kinds)} skipped: lossy by design, audited against the exact cache "
             "within a label-change budget, never for exactness)") if kinds else ""
+
+
+def exact_note(config: AuditConfig | None) -> str:
+    """Where the run computed the replicas and the bridge on a head of the set only, say so ("" otherwise)."""
+    n = getattr(config, "exact_items", None)
+    return "" if n is None else f" (on the first {n} items of the set: --kvaudit-exact-items)"

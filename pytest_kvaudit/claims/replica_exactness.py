@@ -23,7 +23,7 @@ from pytest_kvaudit.claims.base import (
     register,
 )
 from pytest_kvaudit.claims.counterexample import detail
-from pytest_kvaudit.claims.notes import ineligible_note
+from pytest_kvaudit.claims.notes import exact_note, ineligible_note
 
 
 @register
@@ -43,6 +43,8 @@ class ReplicaExactness(Claim):
         units, bad, details = 0, [], []
         for r in ev.eligible():
             for c in ("live", "prefill"):
+                if f"{c}:replica" not in r.constructions:  # past --kvaudit-exact-items: no replica computed
+                    continue
                 units += 1
                 a, b = r.constructions[c], r.constructions[f"{c}:replica"]
                 if not a.same_as(b):
@@ -56,8 +58,8 @@ class ReplicaExactness(Claim):
             return self.result(FAIL, units, k, reason, {"mismatches": len(bad)}, bad, details=details)
         if units < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, units, k, f"{units} replica units, needs {int(ev.thresholds['min_units'])}"
-                                                       f"{ineligible_note(ev.records, ev.config)}")
-        return self.result(PASS, units, k, f"all {units} replicas bit-identical")
+                                                       f"{ineligible_note(ev.records, ev.config)}{exact_note(ev.config)}")
+        return self.result(PASS, units, k, f"all {units} replicas bit-identical{exact_note(ev.config)}")
 
 
 def _what(a: Any, b: Any, position: int | None) -> str:

@@ -38,7 +38,7 @@ DEFAULT_RULES = "divergence:increase,labels:increase,trajectories:change,verdict
 #: the settings (AuditConfig fields and the item set's rules) that decide the bits of a trajectory or which cells
 #: a run computes; the weights digest is deliberately not among the compared fields
 SETTINGS = ("backend", "dtypes", "attn", "tf32", "device_map", "chat_template", "threads", "chunks", "cache_axes",
-            "donor_max_units", "constructions", "boundary", "answer_regex", "max_new_tokens")
+            "donor_max_units", "constructions", "boundary", "answer_regex", "max_new_tokens", "exact_items")
 MODEL_FIELDS = ("architecture", "num_layers")
 
 

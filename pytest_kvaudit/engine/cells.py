@@ -33,7 +33,7 @@ from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation, Cost, Decoder, continue_greedy, trajectory
 from pytest_kvaudit.engine.errors import UnsupportedCacheError
 from pytest_kvaudit.engine.items import Item, ItemSet, extract_answer, token_text
-from pytest_kvaudit.engine.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions
+from pytest_kvaudit.engine.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions, replicates
 from pytest_kvaudit.engine.records import (
     TAIL_CHARS,
     TAIL_TOKENS,
@@ -87,6 +87,9 @@ class CellBuilder:
         self.per_token = chars_per_token(tokenizer) if max_positions is not None else None
         self.cost: Cost = dec.cost
         self.transplant_fn = transplant or kv.transplant
+        #: each item's place in the whole set (every shard and worker agrees on it): the exact claims' work
+        #: follows it (:func:`.pipeline.exact_item`)
+        self.index = {it.id: i for i, it in enumerate(item_set.items)}
 
     def decode(self, ids: Sequence[int]) -> str:
         return token_text(self.tok, ids)
@@ -116,9 +119,10 @@ class CellBuilder:
         live_state, last = tr.state, tr.prefix[-1]
         head = list(tr.prefix[:-1])
         budget = self.item_set.max_new_tokens - tr.boundary  # type: ignore[operator]
-        if cfg.computes("replicas"):  # each step below runs when a selected claim reads it (cfg.work)
+        index = self.index.get(item.id)
+        if replicates(cfg, index):  # each step below runs when a selected claim reads it (cfg.work)
             self.replica(rec, prompt, rule, tr.boundary)
-        prefill_state = self.constructions(rec, prompt, head, last, budget, live_state)
+        prefill_state = self.constructions(rec, prompt, head, last, budget, live_state, index)
         if cfg.computes("fixed"):  # the first precision's own prefix fixes the 2x2's ids for every precision
             self.fixed_prefix(rec, prompt, tr.prefix if primary else fixed_prefix)
         self.anatomy(rec, live_state, prefill_state)
@@ -157,11 +161,11 @@ class CellBuilder:
         rec.constructions[LIVE_REPLICA.name] = c
 
     def constructions(self, rec: CellRecord, prompt: tuple[int, ...], head: list[int], last: int, budget: int,
-                      live_state: Any) -> Any:
-        """Every construction the pipeline declares (:func:`.pipeline.constructions`); returns the boundary
-        state kept for the anatomy and the transplants (prefill's)."""
+                      live_state: Any, index: int | None = None) -> Any:
+        """Every construction the pipeline declares for the item at ``index`` (:func:`.pipeline.constructions`);
+        returns the boundary state kept for the anatomy and the transplants (prefill's)."""
         kept = None
-        for step in constructions(self.cfg):
+        for step in constructions(self.cfg, index):
             against = live_state if step.bridge and rec.unsupported is None else None
             cont, state = self.construction(rec, step, prompt, head, last, budget, against=against, live=live_state)
             rec.constructions[step.name] = cont

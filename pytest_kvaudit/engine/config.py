@@ -175,7 +175,7 @@ class BoundaryRule:
 
 #: AuditConfig fields that decide what is computed, beside the model and the item set
 WORK_FIELDS = ("backend", "n", "dtypes", "attn", "attn_axes", "chunks", "donor_max_units", "sweep_units", "batch_size",
-               "batch_units", "tf32", "device_map", "chat_template", "threads", "work")
+               "batch_units", "tf32", "device_map", "chat_template", "threads", "work", "exact_items")
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,8 @@ class AuditConfig:
     cache_axes: tuple[str, ...] = ()  # further cache layouts (static) beside the dynamic one, as axis rows
     batch_size: int = 4  # batch invariance: the item inside a left-padded batch of this size
     batch_units: int = 8  # ... for the first this many items of the set (0: off)
+    #: the replicas and the bridge (the exact claims' own work) on the first this many items of the set (None: all)
+    exact_items: int | None = None
     tf32: bool | None = None  # None: leave torch's TF32 switches as they are
     device_map: str | None = None  # e.g. "auto": spread a checkpoint bigger than one GPU (accelerate)
     trust_remote_code: bool = False

@@ -92,15 +92,28 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
     e_sum = None if any(e is None for e in elig) else sum(e for e in elig if e is not None) * items
     div_low = [rate(x, "divergent") for x in low]
     e_div_low = None if not low or any(v is None for v in div_low) else min(v for v in div_low if v is not None) * items
+    # the replicas and the bridge run on the first exact_items items only (None: every item)
+    ex = items if cfg.exact_items is None else min(items, cfg.exact_items)
+    e_ex = None if e_sum is None else e_sum * ex / max(1, items)
     div_all = [rate(x, "divergent") for x in cfg.dtypes]
     e_div = None if any(v is None for v in div_all) else sum(v for v in div_all if v is not None) * items
     return {
         "units": (items * d, e_sum),
-        "replica_pairs": (2 * items * d, None if e_sum is None else 2 * e_sum),
+        "replica_pairs": (2 * ex * d, None if e_ex is None else 2 * e_ex),
         "eligible_items_per_precision": (items, e_min),
-        "items_x_precisions": (items * d, e_sum),
+        "items_x_precisions": (ex * d, e_ex),
         "units_per_high_precision": (items if high else 0, e_min if high else 0),
         "divergent_units_per_low_precision": (items if low else 0, e_div_low if low else 0),
         "divergent_units_per_direction": (min(items * d, cfg.donor_max_units),
                                           None if e_div is None else min(e_div, cfg.donor_max_units)),
     }
+
+
+def caps(cfg: AuditConfig) -> dict[str, float]:
+    """The most of each kind of evidence any n can give (:func:`strict_n`): the donor units cap the transplants,
+    ``--kvaudit-exact-items`` the replicas and the bridge."""
+    out: dict[str, float] = {"divergent_units_per_direction": cfg.donor_max_units}
+    if cfg.exact_items is not None:
+        d = len(cfg.dtypes)
+        out.update(replica_pairs=2 * cfg.exact_items * d, items_x_precisions=cfg.exact_items * d)
+    return out

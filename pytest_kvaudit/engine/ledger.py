@@ -22,8 +22,9 @@ LEDGER_VERSION = 1
 #: fields that say which model produced a ledger: any difference refuses the audit
 MODEL_FIELDS = ("architecture", "num_layers", "weights_digest", "config_digest")
 #: run settings that decide what was computed
-#: (``stop_regex`` is written only where the item set has one, so a ledger recorded before it existed still reads)
-CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes", "stop_regex")
+#: (``stop_regex`` is written only where the item set has one, ``exact_items`` only where the run set it, so a
+#: ledger recorded before either existed still reads)
+CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes", "stop_regex", "exact_items")
 #: environment fields that decide bit-exactness: a full audit refuses when any differs
 ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa", "attn_implementation",
               "num_threads", "deterministic_algorithms", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision")
@@ -94,7 +95,8 @@ def build(store: Any) -> dict[str, Any]:
         "environment": {k: store.environment.get(k) for k in ENV_FIELDS},
         "config": {"boundary": iset.boundary, "max_new_tokens": iset.max_new_tokens,
                    "answer_regex": iset.answer_regex, "dtypes": list(cfg.dtypes),
-                   **({"stop_regex": iset.stop_regex} if iset.stop_regex is not None else {})},
+                   **({"stop_regex": iset.stop_regex} if iset.stop_regex is not None else {}),
+                   **({"exact_items": cfg.exact_items} if cfg.exact_items is not None else {})},
         "units": {f"{r.item_id}@{r.dtype}": unit_of(r, id(r) in donors) for r in store.records.values()},
     }
 

@@ -28,7 +28,8 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
         return out | {"why": str(exc)}
     current = {"model": dict(identity), "environment": dict(env),  # cfg.stop_regex: the item set's, resolved
                "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
-                          "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes)}}
+                          "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes),
+                          "exact_items": cfg.exact_items}}
     diffs = L.identity_differences(doc, current, tokens_only=True)
     if diffs:
         return out | {"why": f"the ledger at {path} was recorded for another model or settings: {'; '.join(diffs)}"}

@@ -47,6 +47,8 @@ class RunSettings(Protocol):
     def batch_size(self) -> int: ...
     @property
     def backend(self) -> str: ...
+    @property
+    def exact_items(self) -> int | None: ...
 
 TRAJECTORY, CONSTRUCTION, CONTINUATION = "trajectory", "construction", "continuation"
 #: the groups a claim may need, in the order the minimal-work breakdown lists them
@@ -61,6 +63,9 @@ ANALYSES = ("layer_sweep", "batch_invariance")
 CAPABILITIES = (*ANALYSES, "per_layer")
 #: the constructions that follow the claims; every other one runs in every run
 SELECTED = ("incremental",)
+#: the exact claims' own work (replica_exactness, bridge_bitexact): the replicas and the bridge's construction,
+#: computed on every item or on the first ``--kvaudit-exact-items`` of the set (:func:`exact_item`)
+EXACT_WORK = ("replicas", "incremental")
 #: what each need reads besides itself: a control or a sweep runs on a unit with its transplants
 IMPLIES = {"controls": ("transplants",), "layer_sweep": ("transplants",)}
 
@@ -101,10 +106,36 @@ CONTROL = Step("control", "controls", CONTINUATION)
 SWEEP = Step("sweep", "sweep", CONTINUATION)
 
 
-def constructions(cfg: RunSettings) -> tuple[Step, ...]:
+def constructions(cfg: RunSettings, index: int | None = None) -> tuple[Step, ...]:
     """The constructions of a cell besides ``live`` that the run's work computes (:func:`all_constructions`,
-    those its selected claims read), in the order they run and are recorded."""
-    return tuple(s for s in all_constructions(cfg) if computes(cfg.work, s.name))
+    those its selected claims read), in the order they run and are recorded; for the item at ``index`` of the
+    set, without the replicas and the bridge where it is past ``--kvaudit-exact-items`` (None: any item)."""
+    exact = exact_item(cfg, index)
+    return tuple(s for s in all_constructions(cfg) if computes(cfg.work, s.name) and (exact or not is_exact_work(s)))
+
+
+def exact_item(cfg: RunSettings, index: int | None) -> bool:
+    """Whether the item at ``index`` of the set gets the exact claims' own work (:data:`EXACT_WORK`): every item
+    by default, the first ``cfg.exact_items`` when set. Those claims need a dozen units and find a difference in
+    any one, while a replica and the bridge cost three of a cell's seven decodes: a long run may spend them on a
+    declared head of the set and every other claim still reads every item."""
+    n = cfg.exact_items
+    return n is None or index is None or index < n
+
+
+def is_exact_work(step: Step) -> bool:
+    """A replica (live's or prefill's) or the bridge's construction."""
+    return step.group == "replicas" or step.bridge
+
+
+def replicates(cfg: RunSettings, index: int | None) -> bool:
+    """Whether the item at ``index`` gets live's replica: a claim reads replicas and the item is exact work."""
+    return computes(cfg.work, "replicas") and exact_item(cfg, index)
+
+
+def exact_steps(cfg: RunSettings) -> tuple[str, ...]:
+    """The names of the steps :data:`EXACT_WORK` covers in this run: live's replica, then the constructions."""
+    return (LIVE_REPLICA.name, *(s.name for s in all_constructions(cfg) if is_exact_work(s)))
 
 
 def all_constructions(cfg: RunSettings) -> tuple[Step, ...]:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from pytest_kvaudit.engine.calibrate import SAMPLE, calibrate
 from pytest_kvaudit.engine.cells import chars_per_token, prompt_ids, surely_too_long
 from pytest_kvaudit.engine.environment import environment
-from pytest_kvaudit.engine.evidence import StrictFn, decides, evidence, rates, strict_n
+from pytest_kvaudit.engine.evidence import StrictFn, caps, decides, evidence, rates, strict_n
 from pytest_kvaudit.engine.ledger_price import ledger_prediction
+from pytest_kvaudit.engine.pipeline import exact_steps
 from pytest_kvaudit.engine.pricing import Lengths, total, transplants_per_unit, work
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def bound(prompts: Sequence[int], cfg: AuditConfig, max_new: int, n_layers: int,
             # b = 1 and S = M - 1 maximise calls; tokens are the same for any b (P + M - 1 per construction)
             x = Lengths(p, 1, max_new - 1, generated=max_new)
             parts.append(work(x, cfg, x, donors > 0, donors > 0 and sweeps > 0, n_layers,
-                              width if i < cfg.batch_units and cfg.batch_size >= 2 else None, recurrent))
+                              width if i < cfg.batch_units and cfg.batch_size >= 2 else None, recurrent, i))
             donors, sweeps = donors - 1, sweeps - 1
         out[dtype] = total(parts)
     return out
@@ -81,6 +82,9 @@ def expected(prompts: Sequence[int], sample: Mapping[str, Sequence[Lengths]], cf
                  for i, x in enumerate(rows)]
         scale = len(prompts) / len(rows)
         steps = {k: [round(v * scale) for v in a] for k, a in total(parts).items()}
+        if cfg.exact_items is not None:  # the replicas and the bridge: the first exact_items only
+            share = min(cfg.exact_items, len(prompts)) / max(1, len(prompts))
+            steps.update({k: [round(v * share) for v in steps[k]] for k in exact_steps(cfg) if k in steps})
         if "batch_invariance" in steps:  # the first batch_units items only, not scaled
             b = [p["batch_invariance"] for p in parts if "batch_invariance" in p]
             n_b = min(cfg.batch_units, len(prompts))
@@ -188,7 +192,7 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     per_item = rates(cfg, lens)
     verdicts = {name: {**decides(needs, have, inapplicable.get(name)),
                        "strict": strict_n(needs, per_item, strict[name](per_item) if name in strict else {},
-                                          {"divergent_units_per_direction": cfg.donor_max_units})}
+                                          caps(cfg))}
                 for name, needs in least.items()}
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),

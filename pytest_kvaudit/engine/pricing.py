@@ -30,6 +30,7 @@ from pytest_kvaudit.engine.pipeline import (
     TRANSPLANT,
     constructions,
     replica_generated,
+    replicates,
     step_named,
 )
 from pytest_kvaudit.engine.state.lossy import is_lossy
@@ -78,10 +79,11 @@ def _fixed(acc: dict[str, list[int]], prompt: int, head: int, suffixes: tuple[in
 
 
 def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, sweep: bool, n_layers: int,
-         batch_width: int | None = None, recurrent: bool = False) -> dict[str, list[int]]:
+         batch_width: int | None = None, recurrent: bool = False, index: int | None = None) -> dict[str, list[int]]:
     """``{step: [cells, calls, tokens]}`` for one item at one precision; ``primary`` is the first precision's
     lengths (its prefix fixes the 2x2's ids), ``donor``/``sweep`` whether this unit gets transplants (it is
-    divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width."""
+    divergent and within the donor units) and the layer sweep, ``batch_width`` the batch probe's width,
+    ``index`` the item's place in the set (the exact claims' work may stop short of it; None: it gets it)."""
     acc: dict[str, list[int]] = {}
     _trajectory(acc, LIVE.name, x.prompt, x.gen)
     if primary is not None and primary.eligible and cfg.computes("fixed"):
@@ -92,9 +94,9 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     if not x.eligible:
         return acc
     head = x.prompt + x.boundary - 1
-    if cfg.computes("replicas"):
+    if replicates(cfg, index):
         _trajectory(acc, LIVE_REPLICA.name, x.prompt, x.gen)
-    for step in constructions(cfg):  # those the run's work computes
+    for step in constructions(cfg, index):  # those the run's work computes
         add(acc, step.name, *step.price(x.prompt, head, x.suffix))
     if donor and cfg.computes("transplants"):
         for _ in range(transplants_per_unit(sweep, n_layers, recurrent, cfg.computes("controls"))):
@@ -233,9 +235,9 @@ def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: Aud
             if u.get("reason") is None and cs:
                 b = int(u["boundary"])
                 head = p + b - 1
-                rep = cs[LIVE_REPLICA.name]
+                rep = cs.get(LIVE_REPLICA.name)  # absent past the exact items (the ledger's config says how many)
                 replica = (b + _ids_len(rep["suffix"]) if rep.get("logits_fp") else _ids_len(rep["suffix"])) if (
-                    cfg.computes("replicas")) else None
+                    rep is not None and cfg.computes("replicas")) else None
                 conts = tuple((k, _ids_len(c["suffix"])) for k, c in sorted(cs.items())
                               if k not in (LIVE.name, LIVE_REPLICA.name) and cfg.computes(k))
                 if not cfg.computes("transplants"):

@@ -7,8 +7,7 @@ finishes (:meth:`.vllm.VllmBackend.read`), and whose continuation starts from ``
 - ``live``: the request that generated the trajectory; its suffix is its own tokens after the boundary;
 - ``incremental`` (the bridge): the prompt, then ``prefix[len(prompt):]`` *teacher-forced* as decode steps,
   then free decoding: the live request's schedule over the recorded ids;
-- ``prefill`` (cold): ``prefix[:-1]`` prefilled at once, ``prefix[-1]`` forced as one decode step, then free;
-  ``num_cached_tokens == 0`` is checked;
+- ``prefill`` (cold): ``prefix[:-1]`` at once, ``prefix[-1]`` forced as a decode step; ``num_cached_tokens == 0``;
 - ``warm``: ``prefix`` requested right after ``live``, hitting the blocks the live request wrote while
   decoding; ``num_cached_tokens`` is the proof (``reused``; 0 is counted ``warm_cold``, never a hit);
 - ``chunked(c)``: ``prefill`` under a scheduler token budget of ``c`` (the prefill steps are the proof);
@@ -35,7 +34,7 @@ from pytest_kvaudit.engine.config import BoundaryRule
 from pytest_kvaudit.engine.decoder import Continuation
 from pytest_kvaudit.engine.errors import KvauditError
 from pytest_kvaudit.engine.items import Item, find_boundary
-from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA, constructions
+from pytest_kvaudit.engine.pipeline import FIXED, LIVE_REPLICA, constructions, replicates
 from pytest_kvaudit.engine.records import DONOR, IDENTICAL, SHAM, TOO_LONG, CellRecord, Transplant
 from pytest_kvaudit.engine.state import fingerprint_ids
 from pytest_kvaudit.engine.state.tensors import digest
@@ -178,8 +177,9 @@ class VllmCellBuilder(CellBuilder):
         assert b is not None
         budget = max_new - b
         states = {"live": live_state, WARM: self.warm(rec, prefix, budget, live, live_state)}
-        self.replica(rec, prompt, rule, b)
-        for name in (s.name for s in constructions(self.cfg) if s.name != WARM):  # as the plan priced them
+        if replicates(self.cfg, index := self.index.get(item.id)):
+            self.replica(rec, prompt, rule, b)
+        for name in (s.name for s in constructions(self.cfg, index) if s.name != WARM):  # as the plan priced them
             if not name.startswith(REQUESTS):
                 raise KvauditError(f"--kvaudit-backend=vllm builds {', '.join(REQUESTS)}: a registered schedule "
                                    f"({name}) is a chunk schedule of forwards, which vLLM cannot run")
