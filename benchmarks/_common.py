@@ -154,7 +154,7 @@ def config_extras(sweep_units: int | None) -> dict[str, Any]:
     """``AuditConfig`` fields a flag sets only where this kvaudit version has them (``sweep_units``)."""
     import dataclasses
 
-    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.core.model.config import AuditConfig
 
     names = {f.name for f in dataclasses.fields(AuditConfig)}
     out: dict[str, Any] = {}

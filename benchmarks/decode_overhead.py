@@ -36,8 +36,8 @@ TARGET = 1.0
 
 def run_trajectory(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, ...], int]:
     """kvaudit's live path with a ``tokens:1`` boundary and no EOS: T generated tokens."""
-    from pytest_kvaudit.engine.config import BoundaryRule
-    from pytest_kvaudit.engine.decoder import Decoder, trajectory
+    from pytest_kvaudit.core.model.config import BoundaryRule
+    from pytest_kvaudit.core.runtime.decoder import Decoder, trajectory
 
     dec = Decoder(model, frozenset())
     tr = trajectory(dec, list(prompt), T, BoundaryRule(tokens=1), lambda ids: "")
@@ -46,7 +46,7 @@ def run_trajectory(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int
 
 def run_continue(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, ...], int]:
     """A fresh cache over ``prompt[:-1]`` in one forward, then ``continue_greedy`` for T tokens."""
-    from pytest_kvaudit.engine.decoder import Decoder, continue_greedy
+    from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy
 
     dec = Decoder(model, frozenset())
     state = dec.build_state(list(prompt[:-1]), [len(prompt) - 1])
@@ -57,7 +57,7 @@ def run_continue(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, 
 def run_step_loop(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, ...], int]:
     """The bare loop on kvaudit's ``Decoder.step``: prompt prefill, then argmax and one-token steps, no
     boundary snapshot, digests or margins (what ``trajectory``'s bookkeeping costs on top of the loop)."""
-    from pytest_kvaudit.engine.decoder import Decoder
+    from pytest_kvaudit.core.runtime.decoder import Decoder
 
     dec = Decoder(model, frozenset())
     cache = dec.fresh()
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads_line = C.setup_torch(a.threads)
 
-    from pytest_kvaudit.engine.config import EMBEDDED_DIR
-    from pytest_kvaudit.engine.items import load_item_set
-    from pytest_kvaudit.engine.loading import open_model
+    from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+    from pytest_kvaudit.core.model.items import load_item_set
+    from pytest_kvaudit.core.runtime.loading import open_model
 
     results: list[dict[str, Any]] = []
     h = open_model(str(EMBEDDED_DIR), a.dtype, a.device)

@@ -3,7 +3,7 @@
 
 Why: an audit is ~90% one-token forwards (issue 30: a 200-item SmolLM2 audit priced at 7,303 s), so the cost
 of one decode step is the audit's cost. transformers' forward wraps the model's ops in ~20 module calls,
-decorators and a mask builder per layer; :class:`pytest_kvaudit.engine.backends.lean.LeanStep` calls the same
+decorators and a mask builder per layer; :class:`pytest_kvaudit.core.runtime.backends.lean.LeanStep` calls the same
 ops directly. This script measures, in one run, on each model and precision, interleaved (the order rotates
 every repeat), the median of ``--repeats``:
 
@@ -33,8 +33,8 @@ from decode_overhead import first_mismatch, run_generate
 
 def run_trajectory(backend: Any, prompt: Sequence[int], T: int, lean: bool) -> tuple[tuple[int, ...], tuple[str, str]]:
     """kvaudit's live path (``tokens:1`` boundary, no EOS) with the lean step on or off."""
-    from pytest_kvaudit.engine.config import BoundaryRule
-    from pytest_kvaudit.engine.decoder import Decoder, trajectory
+    from pytest_kvaudit.core.model.config import BoundaryRule
+    from pytest_kvaudit.core.runtime.decoder import Decoder, trajectory
 
     backend.lean = lean
     tr = trajectory(Decoder(backend, frozenset()), list(prompt), T, BoundaryRule(tokens=1), lambda ids: "")
@@ -45,7 +45,7 @@ def run_plain(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, ...
     """transformers' forward in a bare loop: prefill, then argmax and one-token forwards."""
     import torch
 
-    from pytest_kvaudit.engine import state as kv
+    from pytest_kvaudit.core.runtime import state as kv
 
     cache = kv.new_cache(model)
     key = kv.cache_kwarg(model)
@@ -111,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads_line = C.setup_torch(a.threads)
 
-    from pytest_kvaudit.engine.backends.transformers import open_backend
-    from pytest_kvaudit.engine.chat import chat_prompt_ids
-    from pytest_kvaudit.engine.config import EMBEDDED_DIR, parse_dtypes
-    from pytest_kvaudit.engine.items import load_item_set
+    from pytest_kvaudit.core.model.config import EMBEDDED_DIR, parse_dtypes
+    from pytest_kvaudit.core.model.items import load_item_set
+    from pytest_kvaudit.core.runtime.backends.transformers import open_backend
+    from pytest_kvaudit.core.runtime.chat import chat_prompt_ids
 
     if a.model is None:
         from pytest_kvaudit.testing import smollm2

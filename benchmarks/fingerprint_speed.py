@@ -1,6 +1,6 @@
 """Fingerprint throughput of a KV cache against hashlib and against a plain memory copy.
 
-Why: every boundary state of every cell is fingerprinted (``pytest_kvaudit.engine.state.fingerprint``: blake2b
+Why: every boundary state of every cell is fingerprinted (``pytest_kvaudit.core.runtime.state.fingerprint``: blake2b
 over dtype, shape and the raw bytes of each layer's K and V), so on a big model the audit's exactness
 checks are only as fast as that digest. The physical limit of anything that reads every byte once is a
 memory copy of the same bytes; the target is a fingerprint at >= 50% of memcpy bandwidth.
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from pytest_kvaudit.engine import state as kv
+    from pytest_kvaudit.core.runtime import state as kv
     cache = build_cache(a.layers, a.heads, a.seq, a.head_dim, a.dtype, a.device)
     tensors = [t for pair in kv.layer_kv(cache) for t in pair]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)

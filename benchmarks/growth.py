@@ -55,7 +55,7 @@ def maxrss_mib() -> float:
 def warm_up(h: Any) -> None:
     """A few forwards outside the store (own cache, own cost): one-time kernel set-up is not charged to
     the first point's seconds per token."""
-    from pytest_kvaudit.engine.decoder import Decoder
+    from pytest_kvaudit.core.runtime.decoder import Decoder
 
     dec = Decoder(h.model, h.eos_ids)
     c = dec.fresh()
@@ -70,8 +70,8 @@ def run_point(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from pytest_kvaudit.engine.config import AuditConfig
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
+    from pytest_kvaudit.core.model.config import AuditConfig
 
     kw: dict[str, Any] = {"model": spec["model"], "n": spec["n"], "dtypes": tuple(spec["dtypes"]),
                           "device": spec["device"], "threads": spec["threads"]}
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(MARK + json.dumps(run_point(json.loads(a.point))), flush=True)
         return 0
     threads_line = C.setup_torch(a.threads)
-    from pytest_kvaudit.engine.config import EMBEDDED_DIR, parse_dtypes
+    from pytest_kvaudit.core.model.config import EMBEDDED_DIR, parse_dtypes
 
     dtypes = list(parse_dtypes(a.dtypes))
     cuda = a.device.startswith("cuda")

@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run from a checkout without an install: import the working tree
     sys.path.insert(0, str(REPO))
 
-from pytest_kvaudit.engine.builtin_items import BUILTIN_CHAT_DEFAULT, builtin_item_set  # noqa: E402
-from pytest_kvaudit.engine.chat import chat_prompt_ids  # noqa: E402
-from pytest_kvaudit.engine.config import BoundaryRule  # noqa: E402
-from pytest_kvaudit.engine.items import find_boundary  # noqa: E402
+from pytest_kvaudit.core.itemsets.builtin_items import BUILTIN_CHAT_DEFAULT, builtin_item_set  # noqa: E402
+from pytest_kvaudit.core.model.config import BoundaryRule  # noqa: E402
+from pytest_kvaudit.core.model.items import find_boundary  # noqa: E402
+from pytest_kvaudit.core.runtime.chat import chat_prompt_ids  # noqa: E402
 
 
 def first_token_covering(gen: list[int], chars: int, decode) -> int:  # type: ignore[no-untyped-def]

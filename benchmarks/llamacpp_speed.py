@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from pytest_kvaudit.engine.backends import open_backend
-from pytest_kvaudit.engine.chat import chat_prompt_ids
-from pytest_kvaudit.engine.decoder import Decoder, continue_greedy
+from pytest_kvaudit.core.runtime.backends import open_backend
+from pytest_kvaudit.core.runtime.chat import chat_prompt_ids
+from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy
 
 
 def main() -> None:

@@ -35,12 +35,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common: the working tree on sys.path
 import _common  # noqa: E402,F401
 
-from pytest_kvaudit.engine.backends import open_backend  # noqa: E402
-from pytest_kvaudit.engine.builtin_items import builtin_item_set  # noqa: E402
-from pytest_kvaudit.engine.chat import chat_prompt_ids  # noqa: E402
-from pytest_kvaudit.engine.config import BoundaryRule  # noqa: E402
-from pytest_kvaudit.engine.decoder import Decoder, continue_greedy, trajectory  # noqa: E402
-from pytest_kvaudit.engine.schedules import schedule  # noqa: E402
+from pytest_kvaudit.core.itemsets.builtin_items import builtin_item_set  # noqa: E402
+from pytest_kvaudit.core.model.config import BoundaryRule  # noqa: E402
+from pytest_kvaudit.core.model.schedules import schedule  # noqa: E402
+from pytest_kvaudit.core.runtime.backends import open_backend  # noqa: E402
+from pytest_kvaudit.core.runtime.chat import chat_prompt_ids  # noqa: E402
+from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy, trajectory  # noqa: E402
 
 ITEMS = "builtin:arith-v2"
 

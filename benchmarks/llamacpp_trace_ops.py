@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402,F401
 from llamacpp_trace import ITEMS, open_traced  # noqa: E402
 
-from pytest_kvaudit.engine.builtin_items import builtin_item_set  # noqa: E402
-from pytest_kvaudit.engine.chat import chat_prompt_ids  # noqa: E402
-from pytest_kvaudit.engine.config import BoundaryRule  # noqa: E402
-from pytest_kvaudit.engine.decoder import Decoder, trajectory  # noqa: E402
-from pytest_kvaudit.engine.schedules import schedule  # noqa: E402
+from pytest_kvaudit.core.itemsets.builtin_items import builtin_item_set  # noqa: E402
+from pytest_kvaudit.core.model.config import BoundaryRule  # noqa: E402
+from pytest_kvaudit.core.model.schedules import schedule  # noqa: E402
+from pytest_kvaudit.core.runtime.chat import chat_prompt_ids  # noqa: E402
+from pytest_kvaudit.core.runtime.decoder import Decoder, trajectory  # noqa: E402
 
 
 class GgmlTensor(ctypes.Structure):

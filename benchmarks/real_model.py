@@ -105,9 +105,9 @@ def breakdown(cfg: Any) -> dict[str, Any]:
     """One audit with every forward timed by kind of work."""
     from pytest_kvaudit.claims import registered
     from pytest_kvaudit.claims.needs import minimal_tokens
-    from pytest_kvaudit.engine import transplants as T
-    from pytest_kvaudit.engine.decoder import Decoder
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute import transplants as T
+    from pytest_kvaudit.core.compute.store import Store
+    from pytest_kvaudit.core.runtime.decoder import Decoder
 
     calls: dict[str, list[int]] = defaultdict(list)  # category -> tokens of each call
     seconds: dict[str, float] = defaultdict(float)
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads_line = C.setup_torch(a.threads)
 
-    from pytest_kvaudit.engine.config import AuditConfig, parse_dtypes
-    from pytest_kvaudit.engine.loading import open_model
+    from pytest_kvaudit.core.model.config import AuditConfig, parse_dtypes
+    from pytest_kvaudit.core.runtime.loading import open_model
 
     if a.model is None:
         from pytest_kvaudit.testing import smollm2

@@ -25,7 +25,7 @@ import _common as C
 
 
 def audit(cfg: Any) -> tuple[Any, float]:
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
 
     t0 = time.perf_counter()
     store = Store.open(cfg)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads_line = C.setup_torch(a.threads)
 
-    from pytest_kvaudit.engine.config import AuditConfig, parse_dtypes
+    from pytest_kvaudit.core.model.config import AuditConfig, parse_dtypes
 
     if a.model is None:
         from pytest_kvaudit.testing import smollm2

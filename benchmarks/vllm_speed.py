@@ -16,8 +16,8 @@ import argparse
 import os
 import time
 
-from pytest_kvaudit.engine.config import EMBEDDED_DIR, AuditConfig
-from pytest_kvaudit.engine.store import Store
+from pytest_kvaudit.core.compute.store import Store
+from pytest_kvaudit.core.model.config import EMBEDDED_DIR, AuditConfig
 
 
 def rate(backend: str, args: argparse.Namespace) -> tuple[float, int, float]:

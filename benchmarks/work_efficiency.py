@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     threads_line = C.setup_torch(a.threads)
 
     from pytest_kvaudit.claims import registered
-    from pytest_kvaudit.engine.config import LOW_PRECISION, AuditConfig, parse_chunks, parse_dtypes
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
+    from pytest_kvaudit.core.model.config import LOW_PRECISION, AuditConfig, parse_chunks, parse_dtypes
 
     kw: dict[str, Any] = {"n": a.n, "dtypes": parse_dtypes(a.dtypes), "device": a.device,
                           "chunks": parse_chunks(a.chunks), "threads": a.threads}

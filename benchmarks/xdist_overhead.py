@@ -4,7 +4,7 @@ with the plugin and with ``-p no:kvaudit``, alternating, in one run; the ratio o
     python benchmarks/xdist_overhead.py --repeat 7      # about 30 seconds on 2 cores
 
 Target: within 1.2x. A run that collects no kvaudit test imports no torch and computes nothing on the
-controller or any worker (``tests/test_users_path.py`` asserts the import side).
+controller or any worker (``tests/plugin/test_users_path.py`` asserts the import side).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from pytest_kvaudit.engine.config import AuditConfig, BoundaryRule
-from pytest_kvaudit.engine.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.core.model.config import AuditConfig, BoundaryRule
 
 __all__ = ["AuditConfig", "BoundaryRule", "KvauditError", "UnsupportedCacheError", "__version__"]

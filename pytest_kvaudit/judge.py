@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import verdicts
+from pytest_kvaudit import verdict_relay as verdicts
 from pytest_kvaudit.claims import base as claims
 from pytest_kvaudit.claims.notes import lossy_note
-from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.report.writers import wants_sections
-from pytest_kvaudit.run_report import run_info
+from pytest_kvaudit.session_report import run_info
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
     from pytest_kvaudit.session import KvauditSession
 
 MARKER = "kvaudit_claim"

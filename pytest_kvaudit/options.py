@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.claims import registered
-from pytest_kvaudit.engine.backends import check
-from pytest_kvaudit.engine.chat import parse_mode
-from pytest_kvaudit.engine.config import (
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import (
     EMBEDDED_DIR,
     EMBEDDED_NAME,
     AuditConfig,
@@ -26,8 +25,9 @@ from pytest_kvaudit.engine.config import (
     parse_dtypes,
     parse_int,
 )
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.pipeline import ANALYSES as KNOWN
+from pytest_kvaudit.core.model.engines import check
+from pytest_kvaudit.core.model.pipeline import ANALYSES as KNOWN
+from pytest_kvaudit.core.runtime.chat import parse_mode
 from pytest_kvaudit.report.writers import WRITERS
 from pytest_kvaudit.workers.partials import parse_shard
 

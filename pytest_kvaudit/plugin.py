@@ -15,22 +15,22 @@ import pytest
 from pytest_kvaudit import gate, hooks, interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.claims import registered
-from pytest_kvaudit.engine.chat import checkpoint_source, header_line
-from pytest_kvaudit.engine.config import SUITES_DIR, AuditConfig
-from pytest_kvaudit.engine.files import atomic_write_text
-from pytest_kvaudit.engine.ledger import slug
+from pytest_kvaudit.core.atomic import atomic_write_text
+from pytest_kvaudit.core.cost.ledger import slug
+from pytest_kvaudit.core.model.config import SUITES_DIR, AuditConfig
+from pytest_kvaudit.core.runtime.chat import checkpoint_source, header_line
 from pytest_kvaudit.judge import Judge
 from pytest_kvaudit.report.comparison import compare_lines
 from pytest_kvaudit.report.document import dumps
 from pytest_kvaudit.report.terminal import lines, plan_lines
 from pytest_kvaudit.report.writers import WRITERS, report_path
-from pytest_kvaudit.run_report import run_report
 from pytest_kvaudit.selection import uses_store
 from pytest_kvaudit.session import KvauditSession
+from pytest_kvaudit.session_report import run_report
 from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
     from pytest_kvaudit.judge import Judge
 
 SESSION_KEY = pytest.StashKey[KvauditSession]()

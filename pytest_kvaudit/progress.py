@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_kvaudit.engine.files import atomic_write_text
-from pytest_kvaudit.engine.tally import Progress, Tally
+from pytest_kvaudit.core.atomic import atomic_write_text
+from pytest_kvaudit.core.compute.progress import Progress, Tally
 
 
 class Printer:

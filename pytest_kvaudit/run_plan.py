@@ -1,5 +1,5 @@
 """The run's plan as the pytest side asks for it: the selected claims' rows over the engine's plan
-(:mod:`pytest_kvaudit.engine.plan`), ``--kvaudit-plan`` alone, and the merge's check that its shards computed
+(:mod:`pytest_kvaudit.core.planning.plan`), ``--kvaudit-plan`` alone, and the merge's check that its shards computed
 what its claims read. No pytest here: the session hands in what it selected."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.claims import least_units, registered
-from pytest_kvaudit.engine.calibrate import SAMPLE
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.estimate import remember
-from pytest_kvaudit.engine.pipeline import computes
-from pytest_kvaudit.engine.plan import make_plan
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.model.pipeline import computes
+from pytest_kvaudit.core.planning.calibrate import SAMPLE
+from pytest_kvaudit.core.planning.estimate import remember
+from pytest_kvaudit.core.planning.plan import make_plan
 from pytest_kvaudit.report.document import write
 
 
@@ -31,7 +31,7 @@ def check_covered(claims: Sequence[Any], cfg: AuditConfig) -> None:
 
 def claims_plan(selected: Sequence[Any], undeclared: Sequence[str], thresholds: dict[str, dict[str, float]], store: Any,
                 workers: int, sample: int = 0) -> dict[str, Any]:
-    """The run's plan over the whole item set (:mod:`.engine.plan`), for the claims this run selects: what
+    """The run's plan over the whole item set (:mod:`pytest_kvaudit.core.planning.plan`), for the claims this run selects: what
     each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
     run a claim recorded (a ledger), if any. A test that reads the store without a claim gets a row too."""
     claims = [c for c in selected if hasattr(c, "name")]

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import verdicts
+from pytest_kvaudit import verdict_relay as verdicts
 from pytest_kvaudit.claims import registered
 from pytest_kvaudit.claims.needs import builtin, work
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.decoder import NO_FAULTS
-from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.runtime.decoder import NO_FAULTS
 from pytest_kvaudit.progress import printer, worker_progress
 from pytest_kvaudit.report.writers import report_path
 from pytest_kvaudit.run_plan import check_covered, claims_plan, price_only
@@ -28,7 +28,7 @@ SELECTION_KEY = "kvaudit_selection"
 
 if TYPE_CHECKING:
     from pytest_kvaudit.claims.base import Claim, ClaimResult
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
     from pytest_kvaudit.workers.lifecycle import Lifecycle
 
 
@@ -64,7 +64,7 @@ class KvauditSession:
     collected_claims: set[str] | None = None  # claims this process collected (None: it collected nothing)
     gate: Any = None  # the baseline gate (:class:`pytest_kvaudit.gate.Gate`), read at configure
     gate_result: dict[str, Any] | None = None  # what the kvaudit::baseline test found (from whichever process ran it)
-    identity: dict[str, Any] | None = None  # the run's model shape, items and settings (:mod:`.engine.baseline`)
+    identity: dict[str, Any] | None = None  # the run's model shape, items and settings (:mod:`pytest_kvaudit.core.planning.baseline`)
     undeclared: list[str] = field(default_factory=list)  # tests that read the store without a registered claim
     interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
     _lifecycle: Lifecycle | None = field(default=None, repr=False)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.gguf import convert
+from pytest_kvaudit.core.runtime.gguf import convert
 
 CHARS = list("0123456789+=;|AS:")
 SPECIALS = ["<pad>", "<eos>"]
@@ -93,7 +93,7 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
 ZOO_SEEDS: dict[str, int] = {"deepseek_v3": 1, "qwen3_next": 1, "qwen3": 1, "gpt_neox": 1, "gemma3_text": 1, "gpt_oss": 1}
 
 #: a zoo run's size: a few items, short suffixes, so that every family's six verdicts cost seconds (the
-#: thresholds such a run can meet are in tests/zoo.ini)
+#: thresholds such a run can meet are in tests/core/runtime/zoo.ini)
 ZOO_ITEMS, ZOO_MAX_NEW_TOKENS = 4, 12
 
 #: transformers' layer_types words -> the audit's layer kinds (what a layer carries between tokens)

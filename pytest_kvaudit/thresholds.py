@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_kvaudit.claims import registered
-from pytest_kvaudit.engine.config import AuditConfig, parse_threshold_value
-from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig, parse_threshold_value
 from pytest_kvaudit.options import STRICT, THRESHOLDS_INI
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ One row per family: its layer kinds (from the config), the six verdicts (or the 
 ended the run), the seconds it took, and whether the FP32 live and prefill boundary states differ bit for
 bit, per layer kind (from the report's anatomy drift). Each family runs as a user's ``pytest
 --kvaudit-model=CKPT`` would, in its own directory and process, with the zoo's few items (see
-``tests/zoo.ini``), so a row costs seconds and one family's crash is only its row.
+``tests/core/runtime/zoo.ini``), so a row costs seconds and one family's crash is only its row.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def run_family(family: str, work: Path) -> dict[str, Any]:
     kinds = layer_kinds(transformers.AutoConfig.from_pretrained(str(ck)))
     run_dir = work / "run"
     run_dir.mkdir()
-    (run_dir / "pytest.ini").write_text((Path(__file__).resolve().parents[1] / "tests" / "zoo.ini").read_text())
+    (run_dir / "pytest.ini").write_text((Path(__file__).resolve().parents[1] / "tests" / "core" / "runtime" / "zoo.ini").read_text())
     report = run_dir / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     t0 = time.perf_counter()

@@ -9,6 +9,16 @@ import torch  # noqa: F401  (before any pytester snapshot of sys.modules: torch 
 
 pytest_plugins = ["pytester"]
 
+#: fixtures that make a test slow: a whole pytest run in a subprocess, or a model built or converted. A test
+#: that reads one is marked ``slow`` (``pytest -m "not slow"``: the fast tier, README "Tests")
+SLOW_FIXTURES = frozenset({"pytester", "tiny_llama", "tiny_qwen2", "smollm2", "tiny_bert", "baseline_claims"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _own_claims_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,7 +28,6 @@ def _own_claims_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
         request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts: set it after
     monkeypatch.setenv("PYTEST_ADDOPTS", "--kvaudit-claims=none")
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pytest_kvaudit.claims.stats import wilson_interval
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.pipeline import lacked
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.model.pipeline import lacked
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.cells import CellRecord
-    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.core.compute.cells import CellRecord
+    from pytest_kvaudit.core.model.config import AuditConfig
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 #: where a claim without an ``order`` sorts: after the paper's claims, then by name
@@ -115,7 +115,7 @@ class Claim:
     evidence: ClassVar[str] = ""
     #: names of keyword inputs the claim's test passes to ``kvaudit_judge.claim`` (e.g. ``snapshot``)
     inputs: ClassVar[tuple[str, ...]] = ()
-    #: what the engine must compute for this claim: groups of the cell's steps (:data:`.pipeline.GROUPS`:
+    #: what the engine must compute for this claim: groups of the cell's steps (:data:`pytest_kvaudit.core.model.pipeline.GROUPS`:
     #: trajectory, replicas, constructions, fixed, transplants, controls) or one construction by name
     #: (``prefill``, ``incremental``, ``chunked(4)``), priced on :meth:`units`; also an analysis it reads
     #: (``layer_sweep``, ``batch_invariance``: never priced) or ``per_layer`` (per-layer K/V, which a backend
@@ -140,7 +140,7 @@ class Claim:
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """Items (``--kvaudit-n``) the claim needs to decide beyond its least-evidence counts, at the rates a
-        plan expects per item (``divergent_rate_max``...): none by default (:func:`.engine.plan.strict_n`
+        plan expects per item (``divergent_rate_max``...): none by default (:func:`pytest_kvaudit.core.planning.plan.strict_n`
         turns the counts of :meth:`least_evidence` into items itself)."""
         return {}
 

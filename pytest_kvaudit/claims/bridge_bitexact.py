@@ -19,7 +19,7 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.claims.notes import exact_note, ineligible_note
-from pytest_kvaudit.engine.backends import lacks
+from pytest_kvaudit.core.model.engines import lacks
 
 
 @register

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvaudit.claims.analyses import first_divergence
-from pytest_kvaudit.engine.records import CellRecord
+from pytest_kvaudit.core.model.records import CellRecord
 
 
 def detail(rec: CellRecord, a_name: str, a: Any, b_name: str, b: Any, **extra: Any) -> dict[str, Any]:

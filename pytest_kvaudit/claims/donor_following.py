@@ -23,10 +23,10 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, table
 from pytest_kvaudit.claims.stats import wilson_interval
-from pytest_kvaudit.engine.backends import lacks
+from pytest_kvaudit.core.model.engines import lacks
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.core.model.config import AuditConfig
 
 DIRECTIONS = ("live_to_prefill", "prefill_to_live")
 #: the controls as the report names them -> the transplant kind that carries them (see cells.transplants)

@@ -33,7 +33,7 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
-from pytest_kvaudit.engine.config import LOW_PRECISION
+from pytest_kvaudit.core.model.config import LOW_PRECISION
 
 
 @register

@@ -1,6 +1,6 @@
 """The layer sweep as an analysis: which transplanted layer sets make a receiver follow its donor.
 
-The engine bisects (:mod:`pytest_kvaudit.engine.sweep`): per swept unit and direction it tries about
+The engine bisects (:mod:`pytest_kvaudit.core.model.sweep`): per swept unit and direction it tries about
 ``2 log2 n`` bottom-``j`` and top-``j`` layer sets, K only, V only, and single layers on small models. The
 table holds only those tried subsets, each with the counts it was tried on. The curves (follow rate against
 the number of layers transplanted from the bottom / from the top) need every ``j``: a pair's value at an
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_kvaudit.claims.stats import wilson_interval
-from pytest_kvaudit.engine.sweep import bottom, top
+from pytest_kvaudit.core.model.sweep import bottom, top
 
 DIRECTIONS = ("live_to_prefill", "prefill_to_live")
 #: the table's order of parts: whole K/V sets first, then K only, V only, and a hybrid's attention/recurrent

@@ -11,9 +11,9 @@ from typing import Any
 
 from pytest_kvaudit.claims.base import FAIL, INCONCLUSIVE, PASS, Claim, ClaimResult, Evidence, Threshold, register
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
-from pytest_kvaudit.engine import ledger as L
-from pytest_kvaudit.engine.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, AuditConfig
-from pytest_kvaudit.engine.errors import KvauditError
+from pytest_kvaudit.core.cost import ledger as L
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, AuditConfig
 
 
 def default_path(snapshots: str | None, model: str) -> Path:

@@ -2,7 +2,7 @@
 
 One JSON file per test (``snapshots/<slug>/<test module>/<test name>.json``), written atomically
 (temporary file + rename) so an interrupted ``--snapshot-update`` leaves the previous ledger whole.
-The comparison is :func:`pytest_kvaudit.engine.ledger.matches`: the whole document, or only its token-level
+The comparison is :func:`pytest_kvaudit.core.cost.ledger.matches`: the whole document, or only its token-level
 fields in a cross-machine audit.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from syrupy.extensions.json import JSONSnapshotExtension
 
-from pytest_kvaudit.engine import ledger
-from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.core.atomic import atomic_write_text
+from pytest_kvaudit.core.cost import ledger
 
 
 class LedgerExtension(JSONSnapshotExtension):

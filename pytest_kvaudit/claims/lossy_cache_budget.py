@@ -3,7 +3,7 @@
 A quantized K/V cache is lossy by design, so asking it to be exact says nothing: the question a deployment
 has is whether it changes answers. Each lossy kind (``--kvaudit-cache=quantized:...``) is audited against the
 exact dynamic cache on the same prefix ids and the same one-shot schedule, so the cache is the only
-difference (:func:`pytest_kvaudit.engine.probes.lossy_axis`). Per kind and precision it reports divergent
+difference (:func:`pytest_kvaudit.core.compute.probes.lossy_axis`). Per kind and precision it reports divergent
 suffixes, where they part (median, quartiles and every position), the exact cache's top-2 margin there
 (how near a tie the choice was) and label changes with a Wilson bound. It passes when that bound is within
 the budget, fails when the observed rate is above it, and is inconclusive in between or with no units.
@@ -31,8 +31,8 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.state.lossy import OFFLOADED, is_lossy
+from pytest_kvaudit.core.model.cache_kinds import OFFLOADED, is_lossy
+from pytest_kvaudit.core.model.config import AuditConfig
 
 NOT_MEANINGFUL = "n/a"
 

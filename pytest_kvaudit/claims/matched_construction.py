@@ -24,7 +24,7 @@ from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, paired_units_for_margin, wilson_interval
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.core.model.config import AuditConfig
 
 
 def _iv(iv: Any) -> str:

@@ -7,7 +7,7 @@ the records it judges (``Claim.units``). A run computes what its selected claims
 alone cost what they read; a claim that declares nothing gets everything, and so does a run of every
 built-in claim (every analysis included). ``Cost.forward_tokens`` counts what the decoder ran; the union of
 the selected claims' needs, priced on the lengths the records show with the steps' own prices
-(:mod:`pytest_kvaudit.engine.pipeline`), is the least work, so ``forward_tokens / minimal_forward_tokens``
+(:mod:`pytest_kvaudit.core.model.pipeline`), is the least work, so ``forward_tokens / minimal_forward_tokens``
 is the honest overhead. The analyses (the layer sweep, the axes, batch invariance) are never in it.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.pipeline import (
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.pipeline import (
     BASE,
     CAPABILITIES,
     GROUPS,
@@ -27,11 +27,11 @@ from pytest_kvaudit.engine.pipeline import (
     unknown_needs,
     work_of,
 )
-from pytest_kvaudit.engine.records import DONOR
+from pytest_kvaudit.core.model.records import DONOR
 
 if TYPE_CHECKING:
     from pytest_kvaudit.claims.base import Claim
-    from pytest_kvaudit.engine.config import AuditConfig
+    from pytest_kvaudit.core.model.config import AuditConfig
 
 CONSTRUCTION = "construction:"
 

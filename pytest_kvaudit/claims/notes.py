@@ -4,10 +4,10 @@ their budget."""
 
 from __future__ import annotations
 
-from pytest_kvaudit.engine.chat import checkpoint_source, missed_template_hint
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.records import CellRecord
-from pytest_kvaudit.engine.state.lossy import is_lossy
+from pytest_kvaudit.core.model.cache_kinds import is_lossy
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.model.records import CellRecord
+from pytest_kvaudit.core.runtime.chat import checkpoint_source, missed_template_hint
 
 
 def ineligible_note(records: list[CellRecord], config: AuditConfig | None = None) -> str:

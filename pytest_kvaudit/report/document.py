@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.claims import base
 from pytest_kvaudit.claims.base import USER_ORDER, ClaimResult, finite
-from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.core.atomic import atomic_write_text
 
 if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
     from pytest_kvaudit.claims.base import ClaimResult

@@ -1,6 +1,6 @@
 """The analyses block as HTML: divergence anatomy, layer sweep, axes and batch invariance, with figures.
 
-Renders the report's ``analyses`` (see :mod:`.analyses`); the page builder (:mod:`.html`) places them.
+Renders the report's ``analyses`` (see :mod:`pytest_kvaudit.claims.analyses`); the page builder (:mod:`.html`) places them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 from pytest_kvaudit.claims import base
 from pytest_kvaudit.claims.htmlkit import e, status, table
-from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.core.atomic import atomic_write_text
 from pytest_kvaudit.report import figures as analysis
 from pytest_kvaudit.report.document import display_of, ordered
 from pytest_kvaudit.report.terminal import LEGEND, fmt_interval

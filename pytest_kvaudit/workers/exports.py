@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.files import atomic_write_text
+from pytest_kvaudit.core.atomic import atomic_write_text
+from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.workers.partials import item_set_info, write
 
 if TYPE_CHECKING:
-    from pytest_kvaudit.engine.store import Store
+    from pytest_kvaudit.core.compute.store import Store
     from pytest_kvaudit.workers.stop import StopFlag
 
 

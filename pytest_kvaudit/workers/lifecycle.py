@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.decoder import NO_FAULTS, Faults
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.itemcheck import item_set_name
-from pytest_kvaudit.engine.runtime import prepare
-from pytest_kvaudit.engine.store import Store
-from pytest_kvaudit.engine.tally import Progress
+from pytest_kvaudit.core.compute.progress import Progress
+from pytest_kvaudit.core.compute.store import Store
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
+from pytest_kvaudit.core.runtime.itemcheck import item_set_name
+from pytest_kvaudit.core.runtime.torch_settings import prepare
 from pytest_kvaudit.workers.exports import export, finish_shard, write_export, write_export_error, write_partial
 from pytest_kvaudit.workers.merge import merge_exports, merge_partials
 from pytest_kvaudit.workers.queue import WorkQueue

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.config import AuditConfig
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.itemcheck import resolve
-from pytest_kvaudit.engine.items import ItemSet
-from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
-from pytest_kvaudit.engine.records import CellRecord
-from pytest_kvaudit.engine.store import Store
+from pytest_kvaudit.core.compute.store import Store
+from pytest_kvaudit.core.cost.ledger import ENV_FIELDS, MODEL_FIELDS
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.model.items import ItemSet
+from pytest_kvaudit.core.model.records import CellRecord
+from pytest_kvaudit.core.runtime.itemcheck import resolve
 from pytest_kvaudit.workers import partials
 from pytest_kvaudit.workers.exports import collect_exports
 from pytest_kvaudit.workers.stop import StopFlag

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.engine.config import EMBEDDED_DIR, WORK_FIELDS, AuditConfig
-from pytest_kvaudit.engine.errors import KvauditError
-from pytest_kvaudit.engine.files import atomic_write_text
-from pytest_kvaudit.engine.items import Item, ItemSet
-from pytest_kvaudit.engine.ledger import ENV_FIELDS, MODEL_FIELDS
+from pytest_kvaudit.core.atomic import atomic_write_text
+from pytest_kvaudit.core.cost.ledger import ENV_FIELDS, MODEL_FIELDS
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import EMBEDDED_DIR, WORK_FIELDS, AuditConfig
+from pytest_kvaudit.core.model.items import Item, ItemSet
 
 PARTIAL_VERSION = 1
 PARTIAL_RE = re.compile(r"partial-(\d+)-of-(\d+)\.json")

@@ -30,12 +30,12 @@ if TYPE_CHECKING:
     from pytest_kvaudit.workers.stop import StopFlag
 
 
-from pytest_kvaudit.engine.work import LostItem, within
+from pytest_kvaudit.core.compute.grants import LostItem, within
 
 
 class WorkQueue:
     """One run's queue over ``size`` items, shared by the workers through ``folder``: a
-    :class:`~pytest_kvaudit.engine.work.WorkSource`."""
+    :class:`~pytest_kvaudit.core.compute.grants.WorkSource`."""
 
     def __init__(self, folder: Path, worker: int, size: int, poll: float = 0.05, timeout: float = 3600.0,
                  stop: StopFlag | None = None) -> None:

@@ -1,0 +1,119 @@
+"""What a run will have of each kind of evidence, set against what its claims need: whether each claim can
+decide (``decides``), and what n a strict gate needs of it (``strict_n``). The plan's verdict columns
+(:mod:`pytest_kvaudit.core.planning.plan`); no pytest, no torch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pytest_kvaudit.core.model.config import LOW_PRECISION
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.core.cost.pricing import Lengths
+    from pytest_kvaudit.core.model.config import AuditConfig
+
+NOT_APPLICABLE = "not applicable"
+#: a claim's further needs at the expected per-item rates (``Claim.strict_needs`` with its thresholds bound)
+StrictFn = Callable[[Mapping[str, float]], Mapping[str, "int | None"]]
+
+
+def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | None, float | None]],
+            inapplicable: str | None = None) -> dict[str, Any]:
+    """Set what a claim needs against what the run will have: at most (the bound) and as expected; a claim
+    that cannot run here (``inapplicable`` says why) decides nothing, whatever the evidence."""
+    rows, verdicts = {}, []
+    for what, need in needs.items():
+        most, exp = have.get(what, (None, None))
+        if need is None:
+            v = "never"  # no amount of evidence clears the threshold
+        elif most is None:
+            v = "depends on the run"
+        elif most < need:
+            v = "no"
+        elif exp is not None and exp >= need:
+            v = "yes"
+        else:
+            v = "depends on the run"
+        rows[what] = {"needs": need, "at_most": most, "expected": exp, "decides": v}
+        verdicts.append(v)
+    order = ("never", "no", "depends on the run", "yes")
+    overall = min(verdicts, key=order.index) if verdicts else "yes"
+    if inapplicable is not None:
+        return {"decides": NOT_APPLICABLE, "why": inapplicable, "needs": rows}
+    return {"decides": overall, "needs": rows}
+
+
+def strict_n(needs: Mapping[str, float | None], rates: Mapping[str, float],
+             extra: Mapping[str, int | None] = {}, caps: Mapping[str, float] = {}) -> dict[str, Any]:
+    """The least ``--kvaudit-n`` at which a claim can decide (what ``--kvaudit-strict`` needs of it): for each
+    count it needs (:meth:`Claim.least_evidence`), that count over what one item of the set yields of it at
+    the expected ``rates`` (eligible units per item, divergent units per item...), and the claim's own
+    further needs (``extra``: a confidence interval's width). None where no n gets there at these rates or
+    above a cap whatever n (``caps``: the donor units); a need that is a share (``label_rate``) does not grow
+    with n and is left to ``decides``."""
+    by: dict[str, int | None] = {}
+    for what, need in needs.items():
+        if what not in rates:
+            continue
+        if need is None or rates[what] <= 0 or need > caps.get(what, math.inf):
+            by[what] = None
+        else:
+            by[what] = max(1, math.ceil(need / rates[what] - 1e-9))
+    by.update(extra)
+    n = None if any(v is None for v in by.values()) else max((v for v in by.values() if v is not None), default=0)
+    return {"n": n, "by": by}
+
+
+def rates(cfg: AuditConfig, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, float]:
+    """What one item of the set yields of each kind of evidence: the sample's rates where there is a sample
+    (else the bound's, every item eligible and divergent), without the donor cap (:func:`strict_n` applies it);
+    ``divergent_rate_max`` is the highest divergent-suffix rate of a precision."""
+    have = evidence(cfg.replace(donor_max_units=10**9), 1, sample)
+    out = {w: float(exp if exp is not None else most) for w, (most, exp) in have.items() if most is not None}
+    div = [sum(x.divergent for x in rows) / len(rows) for rows in sample.values() if rows]
+    out["divergent_rate_max"] = max(div) if div else 1.0
+    return out
+
+
+def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
+    """What the run will have of each kind of evidence the claims name: (at most, expected)."""
+    d = len(cfg.dtypes)
+    low = [x for x in cfg.dtypes if x in LOW_PRECISION]
+    high = [x for x in cfg.dtypes if x not in LOW_PRECISION]
+
+    def rate(dtype: str, attr: str) -> float | None:
+        rows = sample.get(dtype, ())
+        return sum(getattr(x, attr) for x in rows) / len(rows) if rows else None
+
+    elig = [rate(x, "eligible") for x in cfg.dtypes]
+    e_min = None if any(e is None for e in elig) else min(e for e in elig if e is not None) * items
+    e_sum = None if any(e is None for e in elig) else sum(e for e in elig if e is not None) * items
+    div_low = [rate(x, "divergent") for x in low]
+    e_div_low = None if not low or any(v is None for v in div_low) else min(v for v in div_low if v is not None) * items
+    # the replicas and the bridge run on the first exact_items items only (None: every item)
+    ex = items if cfg.exact_items is None else min(items, cfg.exact_items)
+    e_ex = None if e_sum is None else e_sum * ex / max(1, items)
+    div_all = [rate(x, "divergent") for x in cfg.dtypes]
+    e_div = None if any(v is None for v in div_all) else sum(v for v in div_all if v is not None) * items
+    return {
+        "units": (items * d, e_sum),
+        "replica_pairs": (2 * ex * d, None if e_ex is None else 2 * e_ex),
+        "eligible_items_per_precision": (items, e_min),
+        "items_x_precisions": (ex * d, e_ex),
+        "units_per_high_precision": (items if high else 0, e_min if high else 0),
+        "divergent_units_per_low_precision": (items if low else 0, e_div_low if low else 0),
+        "divergent_units_per_direction": (min(items * d, cfg.donor_max_units),
+                                          None if e_div is None else min(e_div, cfg.donor_max_units)),
+    }
+
+
+def caps(cfg: AuditConfig) -> dict[str, float]:
+    """The most of each kind of evidence any n can give (:func:`strict_n`): the donor units cap the transplants,
+    ``--kvaudit-exact-items`` the replicas and the bridge."""
+    out: dict[str, float] = {"divergent_units_per_direction": cfg.donor_max_units}
+    if cfg.exact_items is not None:
+        d = len(cfg.dtypes)
+        out.update(replica_pairs=2 * cfg.exact_items * d, items_x_precisions=cfg.exact_items * d)
+    return out

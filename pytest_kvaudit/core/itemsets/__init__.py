@@ -1,0 +1,1 @@
+"""The built-in item sets (``builtin:...``): generated, seeded, shipped with the package."""

@@ -1,0 +1,63 @@
+"""The run priced on a recorded ledger's lengths (:func:`ledger_prediction`): in the environment that recorded
+it a run reproduces every trajectory bit for bit, so the plan can state the forward tokens exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_kvaudit.core.compute.probes import batch_tokens
+from pytest_kvaudit.core.cost import ledger as L
+from pytest_kvaudit.core.cost.pricing import Lengths, price_units, units_of_ledger
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.planning.unit_work import transplants_per_unit, work
+
+
+def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str, Any], env: Mapping[str, Any],
+                      prompts: Mapping[str, int | None], n_layers: int) -> dict[str, Any]:
+    """The run priced on the lengths of its recorded ledger (the ledger claim's snapshot), when
+    one was recorded for this model and these settings. In the environment that recorded it a run
+    reproduces every trajectory bit for bit (what ``ledger_audit`` asserts), so the price is the run's
+    forward tokens exactly; ``usable`` says whether it applies and ``why`` when not."""
+    out: dict[str, Any] = {"path": str(path), "usable": False}
+    if path is None or not path.is_file():
+        return out | {"why": f"no ledger recorded at {path}"}
+    try:
+        doc = L.read(path)
+    except KvauditError as exc:
+        return out | {"why": str(exc)}
+    current = {"model": dict(identity), "environment": dict(env),  # cfg.stop_regex: the item set's, resolved
+               "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
+                          "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes),
+                          "exact_items": cfg.exact_items}}
+    diffs = L.identity_differences(doc, current, tokens_only=True)
+    if diffs:
+        return out | {"why": f"the ledger at {path} was recorded for another model or settings: {'; '.join(diffs)}"}
+    order = [i for i, p in prompts.items() if p is not None]
+    units, guessed = units_of_ledger(doc, {i: int(prompts[i] or 0) for i in order}, cfg,
+                                     lambda swept: transplants_per_unit(cfg, swept, n_layers))
+    lengths = list(prompts.values())
+    index = {i: k for k, i in enumerate(prompts)}
+    steps: dict[str, dict[str, list[int]]] = {}
+    for d in cfg.dtypes:
+        mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
+        acc = price_units([u for _, u in mine])
+        batch = [t for i, u in mine if u.head is not None and (t := batch_tokens(u.head, index[i], lengths, cfg))]
+        if batch:  # one forward of the padded batch each
+            acc["batch_invariance"] = [len(batch), len(batch), sum(batch)]
+        for _, u in mine:  # the axes run their own trajectories: priced on this precision's lengths
+            if u.head is not None and (cfg.attn_axes or cfg.cache_axes):
+                x = Lengths(u.prompt, u.head - u.prompt + 1, dict(u.continuations).get("prefill", 0))
+                extra = work(x, cfg.replace(chunks=()), None, False, False, n_layers)
+                for k, a in extra.items():
+                    if k.startswith(("axis:", "cache:")):
+                        acc[k] = [v + w for v, w in zip(acc.get(k, [0, 0, 0]), a)]
+        steps[d] = acc
+    missing = [i for i in order if any((i, d) not in units for d in cfg.dtypes)]
+    env_diffs = [x for x in L.identity_differences(doc, current, tokens_only=False) if x.startswith("environment.")]
+    exact = not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
+    return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
+                  "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
+                  "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}

@@ -1,0 +1,200 @@
+"""The vLLM backend (``--kvaudit-backend=vllm``): a safetensors checkpoint served by vLLM's own engine, in
+process, with its automatic prefix cache, paged K/V blocks and scheduler.
+
+vLLM cannot run one forward of caller-chosen ids on a caller-held cache, so its constructions are *requests*
+(:mod:`pytest_kvaudit.core.compute.vllm_cells` builds the cell from them) and this module is the engine's side of them:
+
+- :meth:`VllmBackend.run` serves a batch of requests greedily (``temperature=0``) and returns, per request,
+  its tokens, the top-k raw logits of every step (``logprobs_mode="raw_logits"``), ``num_cached_tokens``
+  (the prefix-cache hit), the KV blocks it held (read by a hook on the scheduler's free path) and the tokens
+  the scheduler gave it in each engine step (the chunked-prefill proof);
+- a request may be *teacher-forced* over given ids (:func:`_force_processor`, a logits processor that masks
+  every other token while the forced ids last): the K/V of those ids are then written by decode steps, as the
+  live request wrote its own, which is how the bridge (``incremental``) and the 2x2's replay are built;
+- :meth:`VllmBackend.read` copies a request's blocks out of the runner's per-layer cache tensors and
+  :meth:`VllmBackend.write` writes blocks back (the transplants; a fault that perturbs a cached block).
+
+The names read here (``engine_core``, ``model_runner.kv_caches``, ``scheduler._free_request_blocks``) are
+internal to one vLLM version: :data:`PINNED` is the one this module was written against, and a moved name is
+one line that says which (:func:`internal`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.core.model.items import token_text
+from pytest_kvaudit.core.runtime.backends.vllm_engine import (
+    BLOCK_SIZE,
+    CUDA_GRAPHS,
+    DTYPES,
+    FORCE,
+    NAME,
+    PINNED,
+    TOP_K,
+    Done,
+    SchedulerHooks,
+    attention_backend,
+    attention_isa,
+    eos_ids,
+    force_processor,
+    internal,
+    load_vllm,
+)
+from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
+from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
+
+__all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
+
+
+class VllmBackend:
+    """One checkpoint at one precision in one in-process vLLM engine (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`, request level)."""
+
+    per_layer = True
+    constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
+
+    def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool) -> None:
+        vllm = load_vllm()
+        if dtype not in DTYPES:
+            raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+        from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True, block_size=BLOCK_SIZE,
+                                enforce_eager=not CUDA_GRAPHS, logprobs_mode="raw_logits", seed=0,
+                                trust_remote_code=trust_remote_code,
+                                logits_processors=[force_processor(LogitsProcessor, process_dict_updates)])
+        self.load_seconds = round(time.perf_counter() - t0, 3)
+        self.version = vllm.__version__
+        core = internal(self.llm, "llm_engine.engine_core.engine_core")
+        self.scheduler = internal(core, "scheduler")
+        runner = internal(core, "model_executor.driver_worker.worker.model_runner")
+        self.kv_caches: list[Any] = list(internal(runner, "kv_caches"))
+        shape = tuple(getattr(self.kv_caches[0], "shape", ())) if self.kv_caches else ()
+        if len(shape) != 4 or shape[2] != BLOCK_SIZE or shape[3] % 2:
+            raise KvauditError(f"{NAME}: the K/V blocks of attention backend {attention_backend(runner)} have shape "
+                               f"{shape}, not [blocks, kv_heads, {BLOCK_SIZE}, 2 x head_dim] (CPU_ATTN's, the layout "
+                               "the audit reads per position): not implemented for it")
+        self.dtype, self.block_size = dtype, BLOCK_SIZE
+        # the ledger keys its environment on this name: the engine, its version and what decides its bits
+        self.attn_implementation = (f"vllm {vllm.__version__} {attention_backend(runner)} block {BLOCK_SIZE} "
+                                    f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}")
+        self.device = str(internal(core, "vllm_config.device_config.device_type"))
+        self.tokenizer = load_tokenizer(path, trust_remote_code)
+        mc = internal(core, "vllm_config.model_config")
+        self.vocab_size = int(mc.get_vocab_size())
+        self.top_k = min(TOP_K, self.vocab_size)
+        self.max_positions: int | None = int(mc.max_model_len)
+        self.eos_ids = eos_ids(path, self.tokenizer)
+        self.identity = model_identity(spec, path) | {"backend": NAME}
+        self.hooks = SchedulerHooks(self.scheduler)
+        self.budget = int(self.scheduler.max_num_scheduled_tokens)
+        self.environment = {
+            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: attention_backend(runner)},
+            "vllm_block_size": BLOCK_SIZE, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
+            "vllm_max_num_batched_tokens": self.budget,
+            "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
+            "vllm_kv_cache_dtype": {dtype: str(self.kv_caches[0].dtype)}, "vllm_kv_layout": {dtype: list(self.kv_caches[0].shape[1:])},
+            "vllm_attention_isa": {dtype: attention_isa(runner)}, "vllm_logprobs_mode": "raw_logits",
+            "vllm_state_source": "kv_blocks",
+            "not_available": ["layer sweep (transplants are all layers or the identical ones)",
+                              "batch invariance probe (see the batched(B) construction)", "attention and cache axes"],
+        }
+
+    # -- requests ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empty the prefix cache: the next request hits nothing."""
+        if not self.llm.reset_prefix_cache():
+            raise KvauditError(f"{NAME}: reset_prefix_cache() refused (requests still running?)")
+
+    def run(self, requests: Sequence[tuple[Sequence[int], int, Sequence[int]]], budget: int | None = None) -> list[Done]:
+        """Serve ``(prompt ids, max_tokens, forced ids)`` requests in one call (one batch), greedily; ``budget``
+        sets the scheduler's token budget per step for this call (chunked prefill)."""
+        from vllm import SamplingParams
+
+        self.hooks.clear()
+        params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=self.top_k, stop_token_ids=sorted(self.eos_ids),
+                                 detokenize=False, extra_args={FORCE: list(f)} if f else None) for _, m, f in requests]
+        old = self.scheduler.max_num_scheduled_tokens
+        self.scheduler.max_num_scheduled_tokens = budget or old
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _, _ in requests], params, use_tqdm=False)
+        finally:
+            self.scheduler.max_num_scheduled_tokens = old
+        done = []
+        for (prompt, _, _), out in zip(requests, outs):
+            rid = next(k for k in self.hooks.freed if k.split("-")[0] == out.request_id)
+            c = out.outputs[0]
+            rows = [sorted(((int(t), float(lp.logprob)) for t, lp in row.items()), key=lambda x: (-x[1], x[0]))[: self.top_k]
+                    for row in (c.logprobs or [])]
+            steps = [(s[rid], len(s)) for s in self.hooks.steps if rid in s]
+            done.append(Done(len(prompt), tuple(int(t) for t in c.token_ids), rows, int(out.num_cached_tokens or 0),
+                             self.hooks.freed[rid], steps))
+        return done
+
+    # -- blocks --------------------------------------------------------------------------------
+    def read(self, blocks: Sequence[int], positions: int) -> Any:
+        """The K/V of the first ``positions`` positions held in ``blocks``, copied out of every layer."""
+        n = -(-positions // BLOCK_SIZE)
+        if n > len(blocks):
+            raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
+        return VllmState([kv[list(blocks[:n])].clone() for kv in self.kv_caches], positions, BLOCK_SIZE)
+
+    def write(self, blocks: Sequence[int], state: Any) -> None:
+        """Overwrite ``blocks`` with ``state``'s blocks, every layer (whole blocks: the boundary is on a block edge)."""
+        if state.positions % BLOCK_SIZE:
+            raise KvauditError(f"{NAME}: a transplant writes whole blocks; {state.positions} positions are not")
+        ids = list(blocks[: len(state.layers[0])])
+        for kv, layer in zip(self.kv_caches, state.layers):
+            kv[ids] = layer.to(kv.device)
+
+    # -- the protocol's remaining words ----------------------------------------------------------
+    def step(self, ids: Sequence[int], state: Any) -> Any:
+        raise UnsupportedCacheError(f"the {NAME} backend serves requests: it runs no forward on a caller's cache")
+
+    fresh = step_batch = step
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return token_text(self.tokenizer, ids)
+
+    def shape(self) -> dict[str, int]:
+        kv = self.kv_caches[0]
+        return {"layers": len(self.kv_caches), "kv_heads": int(kv.shape[1]), "head_dim": int(kv.shape[-1]) // 2,
+                "parameters": 0, "recurrent": 0}
+
+
+def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
+                 allow_pickle: bool = False, device_map: str | None = None) -> VllmBackend:
+    load_vllm()  # the engine missing is the first thing to say
+    path = Path(spec).expanduser()
+    if path.is_file() or path.suffix == ".gguf":
+        raise KvauditError(f"--kvaudit-backend={NAME} serves safetensors checkpoint folders: {spec!r} is a file "
+                           "(a GGUF runs with --kvaudit-backend=llama.cpp)")
+    if not path.is_dir():
+        raise KvauditError(f"--kvaudit-backend={NAME}: {spec!r} is not a checkpoint folder (hub ids are not fetched)")
+    if attn not in (None, "auto", "sdpa", "eager"):
+        raise KvauditError(f"--kvaudit-attn={attn}: the {NAME} backend picks its own attention backend (recorded)")
+    from vllm.model_executor.models import ModelRegistry
+
+    archs = read_config(path).get("architectures") or []
+    supported = set(ModelRegistry.get_supported_archs())
+    if not archs or not any(a in supported for a in archs):
+        import vllm
+
+        named = ", ".join(archs) or "no architectures in config.json"
+        raise KvauditError(f"vLLM {vllm.__version__} cannot serve {spec} ({named}): not in its model registry; audit "
+                           "it with --kvaudit-backend=transformers")
+    return VllmBackend(path, dtype, spec, trust_remote_code)

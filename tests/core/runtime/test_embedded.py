@@ -1,0 +1,54 @@
+"""The embedded checkpoint: loads through the ordinary path, shows the phenomenon, and its committed
+ledger audits (on the first items, so CI stays short; `pytest suites` audits all 200)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kvtest import REPO
+from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+
+
+def test_embedded_checkpoint_is_small_and_safetensors() -> None:
+    files = {p.name: p.stat().st_size for p in EMBEDDED_DIR.iterdir()}
+    assert "model.safetensors" in files and not any(n.endswith(".bin") for n in files)
+    assert sum(files.values()) < 20 * 2**20
+    assert len((EMBEDDED_DIR / "items.jsonl").read_text().splitlines()) == 200
+    recipe = json.loads((EMBEDDED_DIR / "recipe.json").read_text())
+    assert recipe["seed"] == 0 and recipe["threads"] == 1
+
+
+def test_tokenizer_loads_offline_and_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
+    ids = tok("S37194:3+7=10;")["input_ids"]
+    assert len(ids) == len("S37194:3+7=10;") and tok.decode(ids) == "S37194:3+7=10;"
+
+
+def test_committed_ledger_audits_on_the_first_items(pytester: pytest.Pytester) -> None:
+    shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
+    res = pytester.runpytest_subprocess("--kvaudit-n=12", f"--kvaudit-snapshots={REPO / 'snapshots'}",
+                                        "-p", "no:cacheprovider", "-p", "no:randomly")
+    if res.parseoutcomes().get("passed") == 1:  # the environment that recorded the ledger: every bit back
+        res.stdout.fnmatch_lines(["*ledger_audit*PASS*24*24*all 24 recorded units reproduced (ids, labels and every "
+                                  "fingerprint)*"])
+    else:  # another CPU instruction set or library: the bits are not comparable, and the run says which fields
+        res.assert_outcomes(skipped=1)
+        res.stdout.fnmatch_lines(["*ledger_audit*INCONCLUSIVE*recorded in another environment (environment.*"])
+
+
+def test_first_items_show_divergence_in_bf16_only(pytester: pytest.Pytester) -> None:
+    for name in ("test_matched_construction.py", "test_donor_following.py"):
+        shutil.copy(REPO / "suites" / name, pytester.path)
+    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    matched_construction.min_units=12\n    donor_following.min_units=1\n")
+    rep = pytester.path / "r.json"
+    res = pytester.runpytest_subprocess("--kvaudit-n=12", f"--kvaudit-report={rep}", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2)
+    m = json.loads(rep.read_text())["claims"]["matched_construction"]["figures"]
+    assert m["divergent_suffixes"]["bf16"] >= 1 and m["divergent_suffixes"]["fp32"] == 0
+    assert m["accuracy_live"]["bf16"] >= 0.9

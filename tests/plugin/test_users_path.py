@@ -1,0 +1,187 @@
+"""The plugin as its users meet it: the built-in claims from any directory, selection, the CI gates
+(--kvaudit-strict, --kvaudit-baseline), progress, Ctrl-C, and no kvaudit work in runs without its tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+
+# thresholds under which 12 embedded items decide every claim (the defaults need the full 200)
+SMALL_RUN = """
+[pytest]
+kvaudit_thresholds =
+    matched_construction.min_units=12
+    fixed_prefix_2x2.max_rate=0.3
+    donor_following.min_units=1
+"""
+
+
+@pytest.fixture
+def builtin_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs as a user's: the built-in suite joins (the self-tests' default keeps it out)."""
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+def statuses(path: Path) -> dict[str, str]:
+    return {k: v["status"] for k, v in json.loads(path.read_text())["claims"].items()}
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_model_alone_runs_every_builtin_claim_once_from_an_empty_directory(pytester: pytest.Pytester) -> None:
+    rep = pytester.path / "r.json"
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=4", f"--kvaudit-report={rep}",
+                                        "-p", "no:cacheprovider")
+    names = {"replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
+             "donor_following"}
+    assert set(statuses(rep)) == names
+    outcomes = res.parseoutcomes()
+    # seven tests, six verdicts: the lossy-cache claim skips, not applicable, with no lossy cache kind asked for
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) + outcomes.get("failed", 0) == 7
+    data = json.loads(rep.read_text())
+    assert data["items"]["set"] == "embedded:items.jsonl"
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_selection_by_name_and_by_k(pytester: pytest.Pytester) -> None:
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q",
+                                        "--kvaudit-claims=donor_following,bridge_bitexact")
+    res.stdout.fnmatch_lines(["*test_bridge_bitexact*", "*test_donor_following*", "2/7 tests collected (5 deselected)*"])
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q", "-k", "ledger")
+    res.stdout.fnmatch_lines(["*test_ledger_audit*", "1/7 tests collected (6 deselected)*"])
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-claims=donors")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-claims: unknown claim 'donors'; built-in claims are replica_exactness,*"])
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_a_users_claim_file_shares_the_store_and_none_runs_only_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine="""
+        def test_mine(kvaudit_records, kvaudit_judge):
+            kvaudit_judge.exact("mine", {f"{r.item_id}@{r.dtype}": r.eligible for r in kvaudit_records}, min_units=2)
+    """)
+    rep = pytester.path / "r.json"
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-claims=none",
+                                        f"--kvaudit-report={rep}", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    assert set(statuses(rep)) == {"mine"}
+    rep2 = pytester.path / "r2.json"
+    pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-claims=bridge_bitexact",
+                                  f"--kvaudit-report={rep2}", "-p", "no:cacheprovider")
+    data = json.loads(rep2.read_text())
+    assert set(data["claims"]) == {"mine", "bridge_bitexact"}
+    # one store for both: every cell computed once (the same cost as the user's claim alone)
+    assert data["cost"]["forward_tokens"] == json.loads(rep.read_text())["cost"]["forward_tokens"]
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_strict_makes_inconclusive_a_failure_naming_what_is_missing(pytester: pytest.Pytester) -> None:
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=3", "--kvaudit-strict",
+                                        "--kvaudit-claims=matched_construction,donor_following", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    res.stdout.fnmatch_lines(["*matched_construction inconclusive under --kvaudit-strict: bf16: 3 eligible items, needs 20*"])
+    res.stdout.fnmatch_lines(["*donor_following inconclusive under --kvaudit-strict: *"])
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=3",
+                                        "--kvaudit-claims=matched_construction", "-p", "no:cacheprovider")
+    assert res.ret == pytest.ExitCode.OK  # without the gate an inconclusive claim is a skip
+
+
+def perturbed_copy(dest: Path, scale: float) -> Path:
+    """The embedded checkpoint with noise on every weight: a checkpoint that no longer behaves."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(EMBEDDED_DIR, dest)
+    weights = load_file(str(dest / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    noisy = {k: (v.float() + scale * torch.randn(v.shape, generator=gen)).to(v.dtype) for k, v in weights.items()}
+    save_file(noisy, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_the_readme_ci_recipe_gates_a_checkpoint_that_breaks(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Record the last checkpoint, gate the next: the same weights pass, perturbed weights fail the job."""
+    pytester.makeini(SMALL_RUN)
+    last = shutil.copytree(EMBEDDED_DIR, tmp_path / "step-1000")
+    base = ["--kvaudit-n=12", "-p", "no:cacheprovider"]
+    rec = pytester.runpytest_subprocess(f"--kvaudit-model={last}", "--snapshot-update", *base)
+    assert rec.ret == pytest.ExitCode.OK, rec.stdout.str()
+    assert (pytester.path / "snapshots" / "step-1000" / "report.json").is_file()
+    gate = ["--kvaudit-strict", f"--kvaudit-baseline={pytester.path / 'snapshots' / 'step-1000'}", *base]
+    same = shutil.copytree(EMBEDDED_DIR, tmp_path / "next-good" / "step-2000")
+    pytester.runpytest_subprocess(f"--kvaudit-model={same}", "--snapshot-update", *base)
+    ok = pytester.runpytest_subprocess(f"--kvaudit-model={same}", *gate)
+    assert ok.ret == pytest.ExitCode.OK, ok.stdout.str()
+    ok.stdout.no_fnmatch_line("*REGRESSION*")
+    broken = perturbed_copy(tmp_path / "next-bad" / "step-2000", 0.5)
+    pytester.runpytest_subprocess(f"--kvaudit-model={broken}", "--snapshot-update", *base)
+    bad = pytester.runpytest_subprocess(f"--kvaudit-model={broken}", *gate)
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines(["*REGRESSION *: pass -> *"])
+    # the baseline alone (no --kvaudit-strict) still fails the job on the regression
+    bad2 = pytester.runpytest_subprocess(f"--kvaudit-model={broken}", gate[1], *base)
+    assert bad2.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_no_kvaudit_test_no_kvaudit_work(pytester: pytest.Pytester) -> None:
+    """An unrelated -n 2 run with the plugin installed loads no model and imports no torch on any process."""
+    pytester.makeconftest("""
+        import sys
+        def pytest_sessionfinish(session):
+            assert "torch" not in sys.modules, "kvaudit imported torch in a run without kvaudit tests"
+    """)
+    pytester.makepyfile(test_plain="def test_one(): assert 1 + 1 == 2")
+    res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    res.stdout.no_fnmatch_line("*kvaudit: items done*")
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("kvaudit-shards-*/progress-*.json")) or True
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_progress_under_xdist_and_quiet_with_q(pytester: pytest.Pytester) -> None:
+    args = ["--kvaudit-model=embedded", "--kvaudit-n=8", "--kvaudit-claims=replica_exactness", "-p", "no:cacheprovider"]
+    res = pytester.runpytest_subprocess("-n", "2", *args)
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*kvaudit: items done bf16 8/8, fp32 8/8; * tokens/s; ~0s left"])
+    quiet = pytester.runpytest_subprocess("-n", "2", "-q", *args)
+    quiet.stdout.no_fnmatch_line("kvaudit: items done*")
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_ctrl_c_under_xdist_is_pytests_interrupted_summary(pytester: pytest.Pytester) -> None:
+    rep = pytester.path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--kvaudit-model=embedded", "--kvaudit-n=40",
+                             f"--kvaudit-report={rep}", "-p", "no:cacheprovider"], cwd=pytester.path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "kvaudit: items done" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    out = seen + out
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out and "Traceback" not in out, out
+    assert not rep.exists() and not list(pytester.path.rglob("*.tmp")), out
+
+
+@pytest.mark.usefixtures("builtin_claims")
+def test_a_users_conftest_beside_the_builtin_claims_is_no_internal_error(pytester: pytest.Pytester) -> None:
+    # the built-in claims are collected outside the user's directory, so pytest asks pluggy for the hooks
+    # without that conftest, which puts every plugin in a set: the session plugin must be hashable
+    pytester.makeconftest("def pytest_kvaudit_faults(config):\n    return None\n")
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-dtypes=fp32",
+                                        "--kvaudit-claims=replica_exactness", "-p", "no:cacheprovider")
+    res.stdout.no_fnmatch_line("*INTERNALERROR*")
+    res.stdout.fnmatch_lines(["*1 skipped, 6 deselected*"])  # 2 items: inconclusive, a skip

@@ -1,0 +1,99 @@
+"""The README's example claim runs as written, and its commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvtest import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def block_after(heading: str, lang: str) -> str:
+    section = README.split(heading, 1)[1]
+    m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
+    assert m, f"no ```{lang} block after {heading!r}"
+    return m.group(1)
+
+
+def test_write_your_own_claim_example_runs(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    pytester.makepyfile(test_chunked_claim=block_after("## Write your own claim", "python"))
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*chunked4_equals_prefill*PASS*8*8*"])
+
+
+BREAK_CHUNKED = (
+        "import torch\nfrom pytest_kvaudit.core.runtime import state as kv\nfrom pytest_kvaudit.core.runtime.decoder import Faults\n"
+        "def hook(c, path):\n"
+        "    if path == 'chunked(4)':\n"
+        "        for k, v in kv.layer_kv(c):\n"
+        "            k.add_(8 * torch.randn(k.shape, generator=torch.Generator().manual_seed(1)).to(k.dtype))\n"
+        "def pytest_kvaudit_faults(config):\n    return Faults(state=hook)\n\n"
+)
+
+
+def test_the_example_claim_fails_when_the_construction_breaks(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    pytester.makepyfile(test_chunked_claim=block_after("## Write your own claim", "python"))
+    pytester.makeconftest(BREAK_CHUNKED)
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*chunked4_equals_prefill FAILED: fails on t0*"])
+
+
+def full_claim_example() -> str:
+    return block_after("### A claim of your own, declared once", "python")
+
+
+@pytest.mark.parametrize("mode", [[], ["-n", "2"]], ids=["plain", "n2"])
+def test_a_claim_of_your_own_is_one_test_file(pytester: pytest.Pytester, tiny_llama: Path, mode: list[str]) -> None:
+    """Row, thresholds, JSON block, key figure and HTML section from one user file, without touching the package."""
+    pytester.makepyfile(test_chunked_equals_prefill=full_claim_example())
+    rep, page = pytester.path / "r.json", pytester.path / "r.html"
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
+                                        f"--kvaudit-report={rep}", f"--kvaudit-html={page}", "-p", "no:cacheprovider",
+                                        *mode)
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["chunked_equals_prefill*PASS*8*8*chunked(4) continues like prefill on 8/8 units"])
+    data = json.loads(rep.read_text())
+    assert data["claims"]["chunked_equals_prefill"]["figures"] == {"equal": [8, 8]}
+    assert data["display"]["chunked_equals_prefill"]["figure"] == "chunked(4) continues like prefill on 8/8 units"
+    assert "<h2 id='chunked_equals_prefill'>Chunked prefill (4-token chunks) vs one-shot prefill</h2>" in page.read_text()
+
+
+def test_a_claim_of_your_own_fails_on_its_breaking_construction(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    pytester.makepyfile(test_chunked_equals_prefill=full_claim_example())
+    pytester.makeconftest(BREAK_CHUNKED)
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*chunked_equals_prefill FAILED: chunked(4) differs on t0*"])
+
+
+def test_a_claim_threshold_it_does_not_have_is_one_line(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+    pytester.makepyfile(test_chunked_equals_prefill=full_claim_example().replace("min_units=4", "min_unit=4"))
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*claim chunked_equals_prefill has no threshold 'min_unit'; it has min_units*"])
+    res.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    tests_cmd = block_after("Run kvaudit's own tests", "bash").strip()
+    ci = (REPO / ".ci" / "run").read_text()
+    install, _, run = tests_cmd.partition(" && pytest")
+    extras = "torch==2.13.0 -e '.[dev,quanto,llamacpp]'"
+    assert f"pip install {extras}" in install and f"pip install -q {extras}" in ci
+    assert f"pytest{run}" in ci.splitlines()
+
+
+def test_main_command_runs_the_suites() -> None:
+    main_cmd = block_after("## The two commands", "bash")
+    assert "pip install torch==2.13.0" in main_cmd and "pytest suites" in main_cmd
