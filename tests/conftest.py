@@ -11,7 +11,7 @@ pytest_plugins = ["pytester"]
 
 #: fixtures that make a test slow: a whole pytest run in a subprocess, or a model built or converted. A test
 #: that reads one is marked ``slow`` (``pytest -m "not slow"``: the fast tier, README "Tests")
-SLOW_FIXTURES = frozenset({"pytester", "tiny_llama", "tiny_qwen2", "smollm2", "tiny_bert", "baseline_claims"})
+SLOW_FIXTURES = frozenset({"pytester", "tiny_llama", "tiny_qwen2", "smollm2", "tiny_bert"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

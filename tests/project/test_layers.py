@@ -1,4 +1,4 @@
-"""The architecture holds: the engine never imports pytest, imports flow one way between the layers, no
+"""The architecture holds: the core never imports pytest, imports flow one way between the layers, no
 module imports in a circle, modules and classes stay small, and a built-in claim's name lives only in its
 own module and the registry."""
 
@@ -92,7 +92,7 @@ def floors(g: dict[str, set[str]], members: set[str]) -> tuple[int, list[str]]:
     return len(longest), longest
 
 
-def test_the_engine_never_imports_pytest() -> None:
+def test_the_core_never_imports_pytest() -> None:
     code = ("import sys\nimport pytest_kvaudit.core.compute.store, pytest_kvaudit.core.planning.plan, pytest_kvaudit.core.cost.ledger, "
             "pytest_kvaudit.core.compute.probes, pytest_kvaudit.core.planning.baseline, pytest_kvaudit.core.itemsets.builtin_items, "
             "pytest_kvaudit.workers.merge, pytest_kvaudit.workers.queue, "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_kvaudit.core.compute.cells import chars_per_token, prompt_ids, surely_too_long
 from pytest_kvaudit.core.errors import UnsupportedCacheError
-from pytest_kvaudit.core.model.cache_kinds import is_lossy
+from pytest_kvaudit.core.model.cache_kinds import OFFLOADED, is_lossy, offload_not_meaningful
 from pytest_kvaudit.core.model.config import AuditConfig, BoundaryRule
 from pytest_kvaudit.core.model.engine_protocol import Backend
 from pytest_kvaudit.core.model.items import Item, ItemSet, extract_answer, stopper, token_text
@@ -23,7 +23,6 @@ from pytest_kvaudit.core.runtime.decoder import Cost, Decoder, Faults, continue_
 
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.records import CellRecord
-
 
 
 class ProbeStore(Protocol):
@@ -38,6 +37,7 @@ class ProbeStore(Protocol):
     faults: Faults
 
     def handle(self, dtype: str, attn: str | None = None) -> Backend: ...
+
 
 def audited(store: ProbeStore, dtype: str) -> Iterator[tuple[Item, CellRecord]]:
     """This store's items whose cell at ``dtype`` holds a boundary state to probe (under xdist, only the items
@@ -85,7 +85,7 @@ def cache_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
     the live K/V (a transplant into the preallocated slice) hold exactly the live state and follow it; and is
     its live state the dynamic layout's, bit for bit, over the filled positions."""
     iset = store.item_set
-    why = kv.lossy.offload_not_meaningful(h.device) if kind == kv.lossy.OFFLOADED else None
+    why = offload_not_meaningful(h.device) if kind == OFFLOADED else None
     for item, rec in audited(store, dtype):
         if why is not None:  # said per unit, so the report and the claim can say it
             rec.probes.cache[kind] = {"eligible": False, "reason": why, "tokens": 0}

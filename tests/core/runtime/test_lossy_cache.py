@@ -16,9 +16,9 @@ from kvtest import REPO
 from pytest_kvaudit.claims import Evidence, get, registered
 from pytest_kvaudit.claims.notes import lossy_note
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model import cache_kinds as lossy
 from pytest_kvaudit.core.model.config import AuditConfig, parse_cache_kinds
 from pytest_kvaudit.core.model.records import CellRecord
-from pytest_kvaudit.core.runtime.state import lossy
 
 CLAIM = "lossy_cache_budget"
 INT2 = "quantized:quanto-int2"

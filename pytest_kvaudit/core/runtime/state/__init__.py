@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError
+from pytest_kvaudit.core.model.cache_kinds import OFFLOADED, QUANTIZED, is_lossy
 from pytest_kvaudit.core.model.digests import digest, fingerprint_ids
 from pytest_kvaudit.core.runtime.state import lossy, whole
 from pytest_kvaudit.core.runtime.state.forward_kwarg import cache_kwarg
@@ -60,13 +61,13 @@ def _static(model: Any, max_cache_len: int | None) -> Any:
 #: the cache layouts kvaudit audits -> how to make a fresh one: ``dynamic`` (grows per token), ``static``
 #: (preallocated to a maximum length, what users pair with ``torch.compile``), ``offloaded`` (a dynamic cache
 #: parked on the CPU between forwards, CUDA only) and ``quantized:BACKEND-intN`` (lossy: :mod:`.lossy`)
-CACHE_KINDS = {"dynamic": _dynamic, "static": _static, lossy.OFFLOADED: lambda model, _: lossy.offloaded(model),
-               lossy.QUANTIZED: None}
+CACHE_KINDS = {"dynamic": _dynamic, "static": _static, OFFLOADED: lambda model, _: lossy.offloaded(model),
+               QUANTIZED: None}
 
 
 def new_cache(model: Any, kind: str = "dynamic", max_cache_len: int | None = None) -> Any:
     """A fresh cache of ``kind``; a static one is preallocated to ``max_cache_len`` positions."""
-    if lossy.is_lossy(kind):
+    if is_lossy(kind):
         return lossy.quantized(model, kind)
     make = CACHE_KINDS.get(kind)
     if make is None:

@@ -6,21 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError
-from pytest_kvaudit.core.model.cache_kinds import (
-    EXTRAS,
-    NBITS,
-    OFFLOADED,
-    QUANTIZED,
-    LossySpec,
-    check_extra,
-    check_kind,
-    is_lossy,
-    offload_not_meaningful,
-    parse_lossy,
-)
-
-__all__ = ["EXTRAS", "NBITS", "OFFLOADED", "QUANTIZED", "LossySpec", "check_extra", "check_kind", "is_lossy",
-           "offload_not_meaningful", "offloaded", "parse_lossy", "quantized"]
+from pytest_kvaudit.core.model.cache_kinds import check_extra, offload_not_meaningful, parse_lossy
 
 
 def quantized(model: Any, kind: str) -> Any:
