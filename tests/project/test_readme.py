@@ -1,4 +1,5 @@
-"""The README's example claim runs as written, and its commands are the ones CI runs."""
+"""The docs' example claims (docs/guides/own-claim.md) run as written, and the README's commands are the ones CI
+runs."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import pytest
 from kvtest import REPO
 
 README = (REPO / "README.md").read_text()
+OWN_CLAIM = (REPO / "docs" / "guides" / "own-claim.md").read_text()
 
 
-def block_after(heading: str, lang: str) -> str:
-    section = README.split(heading, 1)[1]
+def block_after(heading: str, lang: str, text: str = README) -> str:
+    section = text.split(heading, 1)[1]
     m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
     assert m, f"no ```{lang} block after {heading!r}"
     return m.group(1)
 
 
 def test_write_your_own_claim_example_runs(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    pytester.makepyfile(test_chunked_claim=block_after("## Write your own claim", "python"))
+    pytester.makepyfile(test_chunked_claim=block_after("## A test over the store", "python", OWN_CLAIM))
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
                                         "-p", "no:cacheprovider")
     res.assert_outcomes(passed=1)
@@ -39,7 +41,7 @@ BREAK_CHUNKED = (
 
 
 def test_the_example_claim_fails_when_the_construction_breaks(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    pytester.makepyfile(test_chunked_claim=block_after("## Write your own claim", "python"))
+    pytester.makepyfile(test_chunked_claim=block_after("## A test over the store", "python", OWN_CLAIM))
     pytester.makeconftest(BREAK_CHUNKED)
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
                                         "-p", "no:cacheprovider")
@@ -48,7 +50,7 @@ def test_the_example_claim_fails_when_the_construction_breaks(pytester: pytest.P
 
 
 def full_claim_example() -> str:
-    return block_after("### A claim of your own, declared once", "python")
+    return block_after("## A claim declared once", "python", OWN_CLAIM)
 
 
 @pytest.mark.parametrize("mode", [[], ["-n", "2"]], ids=["plain", "n2"])
@@ -89,7 +91,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     tests_cmd = block_after("Run kvaudit's own tests", "bash").strip()
     ci = (REPO / ".ci" / "run").read_text()
     install, _, run = tests_cmd.partition(" && pytest")
-    extras = "torch==2.13.0 -e '.[dev,quanto,llamacpp]'"
+    extras = "torch==2.13.0 -e '.[dev,quanto,llamacpp,docs]'"
     assert f"pip install {extras}" in install and f"pip install -q {extras}" in ci
     assert f"pytest{run}" in ci.splitlines()
 
