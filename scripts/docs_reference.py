@@ -10,14 +10,19 @@ Markers:
   calling the plugin's own ``pytest_addoption`` on a recording parser;
 - ``<!-- kvaudit:ini -->``: the ini keys that have no command-line twin;
 - ``<!-- kvaudit:claim NAME -->``: a built-in claim's title, what it reads, least evidence and thresholds,
-  from its class (``pytest_kvaudit/claims/NAME.py``).
+  from its class (``pytest_kvaudit/claims/NAME.py``);
+- ``<!-- kvaudit:readme -->``: README.md up to its list of docs pages, its links made the site's, so the home page
+  and the README never say two things.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
 
 MARKER = re.compile(r"<!-- kvaudit:(\w+)(?: ([\w.-]+))? -->")
 DEFAULT = re.compile(r"\(default:? ([^()]*(?:\([^()]*\)[^()]*)*)\)")
@@ -109,6 +114,12 @@ def claim_markdown(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_markdown() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8").split("\n## Documentation", 1)[0]
+    return re.sub(r"\]\(docs/([^)]*)\)", lambda m: f"]({m.group(1) + 'index.md' if m.group(1).endswith('/') else m.group(1)})",
+                  text) + "\n"
+
+
 def expand(markdown: str) -> str:
     """Every marker replaced by its generated text; an unknown marker is an error naming it."""
 
@@ -120,7 +131,10 @@ def expand(markdown: str) -> str:
             return ini_only_markdown()
         if kind == "claim" and arg:
             return claim_markdown(arg)
-        raise ValueError(f"unknown docs marker {m.group(0)!r}: use kvaudit:options, kvaudit:ini or kvaudit:claim NAME")
+        if kind == "readme":
+            return readme_markdown()
+        raise ValueError(f"unknown docs marker {m.group(0)!r}: use kvaudit:options, kvaudit:ini, kvaudit:claim NAME "
+                         "or kvaudit:readme")
 
     return MARKER.sub(one, markdown)
 

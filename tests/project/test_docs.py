@@ -193,6 +193,9 @@ def test_readme_is_a_landing_page() -> None:
     for quickstart in ("**Gate a checkpoint in CI.**", "**Audit vLLM's prefix cache.**", "**Reproduce the paper's table**"):
         assert quickstart in head, quickstart
     assert "pip install pytest-kvaudit" not in "\n".join(lines) and "pip install 'pytest-kvaudit" not in "\n".join(lines)
+    # the site's home page is the README itself, its links made the site's
+    home = ref.expand((DOCS / "index.md").read_text())
+    assert "## Quickstarts" in home and "](docs/" not in home and "](guides/ci-gate.md)" in home
 
 
 def test_no_development_log_words_and_every_results_page_dated_on_a_named_machine() -> None:
