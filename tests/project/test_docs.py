@@ -46,6 +46,11 @@ def pages() -> list[Path]:
     return [REPO / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "_incoming" not in p.parts)]
 
 
+def all_pages() -> list[Path]:
+    """The pages, and the READMEs of the benchmarks and their results, which the pages point to."""
+    return [*pages(), REPO / "benchmarks" / "README.md", *sorted((REPO / "benchmarks" / "results").glob("*/README.md"))]
+
+
 def known_options(config: pytest.Config) -> set[str]:
     return {"--" + d.replace("_", "-") for d in vars(config.option) if d.startswith("kvaudit_")}
 
@@ -105,7 +110,7 @@ def test_an_option_added_to_the_plugin_appears_without_a_hand_edit() -> None:
 
 def test_docs_name_only_options_that_exist(pytestconfig: pytest.Config) -> None:
     known = known_options(pytestconfig)
-    bad = {str(p.relative_to(REPO)): sorted(u) for p in pages() if (u := unknown_options(p.read_text(), known))}
+    bad = {str(p.relative_to(REPO)): sorted(u) for p in all_pages() if (u := unknown_options(p.read_text(), known))}
     assert bad == {}
 
 
@@ -139,14 +144,14 @@ def test_the_environment_page_lists_exactly_the_variables_the_package_reads() ->
 def test_docs_name_only_variables_that_exist() -> None:
     tests_env = {v for f in (REPO / "tests").rglob("*.py") if f.name != "test_docs.py" for v in ENV.findall(f.read_text())}
     real = code_env() | tests_env
-    bad = {str(p.relative_to(REPO)): sorted(u) for p in pages() if (u := set(ENV.findall(p.read_text())) - real)}
+    bad = {str(p.relative_to(REPO)): sorted(u) for p in all_pages() if (u := set(ENV.findall(p.read_text())) - real)}
     assert bad == {}
     assert set(ENV.findall("KVAUDIT_VLLM_BATCH=4 pytest")) - real == {"KVAUDIT_VLLM_BATCH"}
 
 
 # -- paths -----------------------------------------------------------------------------------------------------------
 def test_docs_name_only_repository_paths_that_exist() -> None:
-    bad = {str(p.relative_to(REPO)): sorted(m) for p in pages() if (m := missing_paths(p.read_text()))}
+    bad = {str(p.relative_to(REPO)): sorted(m) for p in all_pages() if (m := missing_paths(p.read_text()))}
     assert bad == {}
 
 
@@ -199,7 +204,7 @@ def test_readme_is_a_landing_page() -> None:
 
 
 def test_no_development_log_words_and_every_results_page_dated_on_a_named_machine() -> None:
-    bad = {str(p.relative_to(REPO)): DEV_LOG.findall(p.read_text()) for p in pages() if DEV_LOG.search(p.read_text())}
+    bad = {str(p.relative_to(REPO)): DEV_LOG.findall(p.read_text()) for p in all_pages() if DEV_LOG.search(p.read_text())}
     assert bad == {}
     for page in (DOCS / "results").glob("*.md"):
         if page.name == "index.md":
