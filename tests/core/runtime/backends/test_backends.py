@@ -10,14 +10,14 @@ import pytest
 
 from kvtest import run, setup_suite
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.engines import check, known, register_backend
+from pytest_kvaudit.core.model.engines import EngineSpec, check, known, register_backend
 from pytest_kvaudit.core.runtime.backends import open_backend
 
 #: a second backend in one module: the transformers one, counting what the audit asks of it
 COUNTING = '''
 import json, os
-from pytest_kvaudit.core.model.engines import register_backend
-from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend, open_backend as hf_open
+from pytest_kvaudit.core.model.engines import EngineSpec, register_backend
+from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend, open_spec as hf_open
 
 CALLS = {"step": 0, "fresh": 0, "step_batch": 0, "shape": 0}
 
@@ -35,10 +35,10 @@ class Counting(TransformersBackend):
         CALLS["shape"] += 1
         return super().shape()
 
-def counting(*args):
-    return Counting(**vars(hf_open(*args)))
+def counting(spec):
+    return Counting(**vars(hf_open(spec)))
 
-register_backend("counting", counting)
+register_backend(EngineSpec("counting", counting))
 
 def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput"):
@@ -78,7 +78,9 @@ def test_the_transformers_backend_loads_with_identity(tiny_llama: Path) -> None:
     state = b.fresh()
     logits = b.step(b.encode("1+2=")[:3], state)
     assert logits.shape[-1] == b.vocab_size and b.decode([0]) == b.tokenizer.decode([0], skip_special_tokens=False)
-    register_backend("twin", "pytest_kvaudit.core.runtime.backends.transformers:open_backend")
+    from pytest_kvaudit.core.runtime.backends.transformers import open_spec
+
+    register_backend(EngineSpec("twin", open_spec))
     assert open_backend("twin", str(tiny_llama), "fp32", "cpu").identity == b.identity
 
 
