@@ -23,7 +23,7 @@ from pytest_kvaudit.core.planning.calibrate import forward_calibration
 from pytest_kvaudit.core.runtime import state as kv
 from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend, open_spec
 
-USED = {"cells": 0, "calibrations": 0, "restores": 0, "reads": 0}
+USED = {"cells": 0, "calibrations": 0, "restores": 0, "reads": 0, "step": 0, "step_batch": 0, "shape": 0}
 
 class Reader:
     """The engine's state reader: the layer adapters' functions, counted."""
@@ -32,6 +32,15 @@ class Reader:
         return getattr(kv, name)
 
 class Served(TransformersBackend):
+    def step(self, ids, state):
+        USED["step"] += 1
+        return super().step(ids, state)
+    def step_batch(self, rows, pad):
+        USED["step_batch"] += 1
+        return super().step_batch(rows, pad)
+    def shape(self):
+        USED["shape"] += 1
+        return super().shape()
     def construct(self, name, ids, prompt_len, live):
         assert name == "restore"
         USED["restores"] += 1
@@ -50,8 +59,8 @@ register_backend(EngineSpec("served", lambda spec: Served(**vars(open_spec(spec)
                             constructions=("restore",), lacks=frozenset({"layer_sweep"}),
                             cell_builder=Requests, calibrator=calibrate, state_reader=Reader()))
 
-def pytest_sessionfinish(session):
-    if not hasattr(session.config, "workerinput"):
+def pytest_unconfigure(config):  # after the plan, which --kvaudit-plan prices at the session's end
+    if not hasattr(config, "workerinput"):
         with open("used.json", "w") as f:
             json.dump(USED, f)
 '''
@@ -59,10 +68,14 @@ def pytest_sessionfinish(session):
 
 def test_a_request_level_engine_from_a_conftest_runs_the_claims(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     setup_suite(pytester, conftest=SERVED)
-    res, data = run(pytester, tiny_llama, "--kvaudit-backend=served", "--kvaudit-dtypes=fp32")
+    res, data = run(pytester, tiny_llama, "--kvaudit-backend=served", "--kvaudit-dtypes=fp32",
+                    "--kvaudit-analyses=batch_invariance")  # the batch probe, which no claim reads
     assert res.ret == 0, res.stdout.str()[-3000:]
     used = json.loads((pytester.path / "used.json").read_text())
     assert used["cells"] == 8 and used["restores"] > 0 and used["calibrations"] == 0 and used["reads"] > 0
+    # every forward of the run went through the engine: the decoder counted what the engine ran
+    assert used["step"] == data["cost"]["forward_calls"] - used["step_batch"] > 0
+    assert used["step_batch"] >= 1 and used["shape"] >= 1
     assert data["environment"]["backend"] == "served"
     assert {c["status"] for c in data["claims"].values()} <= {"pass", "inconclusive"} and data["claims"]
     restore = [r for r in data["analyses"]["axes"] if r["construction"] == "restore"]
@@ -103,7 +116,8 @@ def test_every_precision_an_engine_names_runs_its_plan(pytester: pytest.Pytester
     setup_suite(pytester)
     dtypes = engine(name).precisions
     res, _ = run(pytester, model, f"--kvaudit-backend={name}", f"--kvaudit-dtypes={','.join(dtypes)}",
-                 "--kvaudit-plan", "--kvaudit-max-new-tokens=16")
+                 "--kvaudit-plan", "--kvaudit-n=2", "--kvaudit-max-new-tokens=16",
+                 *(["--kvaudit-chat-template"] if name == "llama.cpp" else []))
     assert res.ret == 0, res.stdout.str()[-3000:] + res.stderr.str()[-2000:]
     plan = json.loads((pytester.path / "report.json").read_text())["plan"]
     assert plan["precisions"] == list(dtypes)

@@ -267,9 +267,10 @@ def test_strings_that_name_modules_count_as_imports(tmp_path: Path) -> None:
 def test_the_model_layer_names_no_higher_layer_in_a_string() -> None:
     """``core.model`` is data: it holds the engine registry, not the engines' module paths (they are entry
     points, declared in pyproject.toml)."""
-    words = {name: code_words(p) for name, p in modules().items() if layer(name) == "core.model"}
+    known = modules()
+    words = {name: code_words(p) for name, p in known.items() if layer(name) == "core.model"}
     leaks = [f"{name}: {w}" for name, text in words.items() for w in text.splitlines()
-             if (m := named_module(w, modules())) and layer(m) not in LAYERS["core.model"]]
+             if (m := named_module(w, known)) and layer(m) not in LAYERS["core.model"]]
     assert not leaks, "\n".join(leaks)
 
 
