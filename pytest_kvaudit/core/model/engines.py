@@ -21,13 +21,16 @@ from pytest_kvaudit.core.model import engine_constructions  # noqa: F401  (their
 from pytest_kvaudit.core.model.engine_protocol import Backend, OpenSpec
 from pytest_kvaudit.core.model.precisions import named, torch_precisions
 
-__all__ = ["GROUP", "EngineSpec", "backend_constructions", "check", "engine", "find", "known", "lacks",
+__all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "EngineSpec", "backend_constructions", "check", "engine", "find", "known", "lacks",
            "register_backend"]
 
 #: the entry-point group engines are declared in (``[project.entry-points."kvaudit.engines"]``)
 GROUP = "kvaudit.engines"
-#: the needs an engine may lack (:data:`pytest_kvaudit.core.model.pipeline.CAPABILITIES`)
-LACKABLE = frozenset({"per_layer", "layer_sweep", "batch_invariance"})
+#: analyses a claim may read or quote (``Claim.analyses``), computed when one does
+ANALYSES = ("layer_sweep", "batch_invariance")
+#: the needs an engine may lack (:attr:`EngineSpec.lacks`): the analyses, and per-layer K/V
+CAPABILITIES = (*ANALYSES, "per_layer")
+LACKABLE = frozenset(CAPABILITIES)
 
 
 @dataclass(frozen=True)
