@@ -33,8 +33,9 @@ def _llamacpp_lines(env: Mapping[str, Any]) -> list[str]:
 
 def _open_vllm(spec: OpenSpec) -> Any:
     """vLLM's backend (request level: it serves requests, so it is not the forward-level ``Backend``)."""
-    s = spec
-    return vllm.open_backend(s.model, s.dtype, s.device, s.attn, s.trust_remote_code, s.allow_pickle, s.device_map)
+    s, extra = spec, {"engine_args": dict(spec.engine_args)} if spec.engine_args else {}
+    return vllm.open_backend(s.model, s.dtype, s.device, s.attn, s.trust_remote_code, s.allow_pickle, s.device_map,
+                             **extra)
 
 
 TRANSFORMERS = EngineSpec("transformers", transformers.open_spec, cell_builder=CellBuilder,
