@@ -148,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     threads_line = C.setup_torch(a.threads)
 
     from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+    from pytest_kvaudit.core.model.engine_protocol import OpenSpec
     from pytest_kvaudit.core.model.items import load_item_set
     from pytest_kvaudit.core.runtime.loading import open_model
 
     results: list[dict[str, Any]] = []
-    h = open_model(str(EMBEDDED_DIR), a.dtype, a.device)
+    h = open_model(OpenSpec(str(EMBEDDED_DIR), a.dtype, a.device))
     item = load_item_set(EMBEDDED_DIR / "items.jsonl", 1, None, None, None).items[0]
     prompt = list(h.tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
     label = f"embedded ({C.n_params(h.model) / 1e6:.2f}M params, {a.dtype}, {a.device})"

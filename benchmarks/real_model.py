@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     threads_line = C.setup_torch(a.threads)
 
     from pytest_kvaudit.core.model.config import AuditConfig, parse_dtypes
+    from pytest_kvaudit.core.model.engine_protocol import OpenSpec
     from pytest_kvaudit.core.runtime.loading import open_model
 
     if a.model is None:
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_bw = []
     fits: dict[str, tuple[float, float]] = {}
     for d in dtypes:
-        h = open_model(a.model, d, a.device)
+        h = open_model(OpenSpec(a.model, d, a.device))
         n_params = C.n_params(h.model)
         res = measure(f"{Path(a.model).name} ({n_params / 1e6:.1f}M params, {d}, {a.device})", h.model, prompt,
                       a.tokens, a.repeats, a.device)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pytest_kvaudit.core.model.engines import find
 from pytest_kvaudit.report.document import display_of, ordered
 
 #: how many counterexamples the table shows under a claim (the JSON and HTML carry all of them)
@@ -59,10 +60,9 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             f"threads {e.get('num_threads')}, deterministic {onoff.get(e.get('deterministic_algorithms'), '-')}, "
             f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace {e.get('cublas_workspace_config') or '-'}"
         )
-        if e.get("llama_cpp_python"):  # the engine that ran the model, its K/V cache types, and what it cannot do
-            kvt = ", ".join(f"{d} {t}" for d, t in e.get("kv_cache_type", {}).items())
-            out.append(f"backend llama.cpp (llama-cpp-python {e['llama_cpp_python']}), K/V cache {kvt}; not available: "
-                       f"{', '.join(e.get('not_available', [])) or 'none'}")
+        spec = find(e.get("backend"))  # the engine that ran the model says what it adds (its own record's lines)
+        if spec is not None and spec.report_lines is not None:
+            out += spec.report_lines(e)
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
     stop = f"; suffixes end at the first match of {it['stop_regex']!r} (--kvaudit-stop-regex=off: the whole budget)" if it.get(
         "stop_regex") else ""

@@ -331,10 +331,11 @@ def edit_weights(ck: Path, fn: Any) -> None:
 
 
 def refusal(ck: Path, dtype: str = "fp32") -> str:
+    from pytest_kvaudit.core.model.engine_protocol import OpenSpec
     from pytest_kvaudit.core.runtime.loading import open_model
 
     with pytest.raises(KvauditError) as exc:
-        open_model(str(ck), dtype, "cpu")
+        open_model(OpenSpec(str(ck), dtype, "cpu"))
     return one_line(str(exc.value))
 
 

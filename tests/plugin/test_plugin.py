@@ -30,7 +30,7 @@ def test_bad_option_values_are_one_line_usage_errors(pytester: pytest.Pytester) 
     pytester.makepyfile("def test_x(): pass")
     res = pytester.runpytest_subprocess("--kvaudit-dtypes=bf16,fp8")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines(["ERROR: --kvaudit-dtypes: unknown precision 'fp8'; use bf16, fp16 or fp32"])
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-dtypes: unknown precision 'fp8'; use bf16, fp16, fp32, q8_0"])
 
 
 def test_missing_checkpoint_is_one_line_per_claim(pytester: pytest.Pytester, tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ own module and the registry."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from kvtest import REPO
 
@@ -45,17 +47,44 @@ def modules() -> dict[str, Path]:
     return out
 
 
+#: a string that names a package module the way ``import_module`` or an entry point does ("pkg.mod" or
+#: "pkg.mod:attr"), or the start of one built in an f-string ("pkg.report.{name}")
+MODULE_STRING = re.compile(r"(pytest_kvaudit(?:\.\w+)*)(?::[\w.]+)?")
+
+
+def named_module(text: str, known: dict[str, Path], partial: bool = False) -> str | None:
+    """The package module ``text`` names as a string (the nearest known package for an f-string's start)."""
+    m = MODULE_STRING.fullmatch(text.rstrip(".") if partial else text)
+    if m is None:
+        return None
+    mod = m.group(1)
+    while mod not in known and "." in mod:
+        mod = mod.rsplit(".", 1)[0]
+    return mod if mod in known and mod != "pytest_kvaudit" else None
+
+
+def entry_points() -> dict[str, dict[str, str]]:
+    """pyproject's entry-point groups: name -> target, per group."""
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return dict(data["project"].get("entry-points", {}))
+
+
 def imports(path: Path, name: str) -> set[str]:
     """The package modules ``path`` imports, at module level, inside functions or for type checking only: a
     ``TYPE_CHECKING`` import never runs, yet it is a dependency all the same (a module typed against another
-    cannot be read, moved or tested without it), so it counts."""
+    cannot be read, moved or tested without it), so it counts. So does a string that names a module the way
+    ``import_module`` takes one ("pytest_kvaudit.core.compute.store:Store"): an import hidden in data."""
     tree = ast.parse(path.read_text())
     known = modules()
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.Import):
+            if isinstance(child, ast.Constant) and isinstance(child.value, str):
+                found.add(named_module(child.value, known) or name)
+            elif isinstance(child, ast.JoinedStr) and child.values and isinstance(child.values[0], ast.Constant):
+                found.add(named_module(str(child.values[0].value), known, partial=True) or name)
+            elif isinstance(child, ast.Import):
                 found.update(a.name for a in child.names if a.name.startswith("pytest_kvaudit"))
             elif isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("pytest_kvaudit"):
                 for a in child.names:  # "from pkg import module" imports the module
@@ -69,7 +98,14 @@ def imports(path: Path, name: str) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    return {name: imports(path, name) for name, path in modules().items()}
+    """Every module's imports; the entry points' targets count as imports of the pytest side's plugin, which is
+    what loads them (pytest its ``pytest11`` plugins, the run its ``kvaudit.engines`` engines)."""
+    g = {name: imports(path, name) for name, path in modules().items()}
+    known = modules()
+    for targets in entry_points().values():
+        g["pytest_kvaudit.plugin"].update(m for t in targets.values() if (m := named_module(t, known)))
+    g["pytest_kvaudit.plugin"].discard("pytest_kvaudit.plugin")  # pytest11 names the plugin itself
+    return g
 
 
 def layer(module: str) -> str:
@@ -215,6 +251,27 @@ def test_ruff_reads_every_package_file() -> None:
     read = {Path(line.strip()).resolve() for line in out.splitlines() if line.strip().endswith(".py")}
     missing = sorted(str(p.relative_to(REPO)) for p in PKG.rglob("*.py") if p.resolve() not in read)
     assert ruff and not missing, missing
+
+
+def test_strings_that_name_modules_count_as_imports(tmp_path: Path) -> None:
+    """A "module:attr" string, an f-string's start and an entry point's target are imports the layers see."""
+    f = tmp_path / "m.py"
+    f.write_text('A = "pytest_kvaudit.core.compute.store:Store"\nB = f"pytest_kvaudit.report.{A}"\n'
+                 'C = "pytest_kvaudit is a name, not pytest_kvaudit.core.compute.cells"\n')
+    assert imports(f, "x") == {"pytest_kvaudit.core.compute.store", "pytest_kvaudit.report"}
+    targets = {t for group in entry_points().values() for t in group.values()}
+    assert targets and all(named_module(t, modules()) for t in targets), targets
+    assert "pytest_kvaudit.core.planning.builtin_engines" in graph()["pytest_kvaudit.plugin"]
+
+
+def test_the_model_layer_names_no_higher_layer_in_a_string() -> None:
+    """``core.model`` is data: it holds the engine registry, not the engines' module paths (they are entry
+    points, declared in pyproject.toml)."""
+    known = modules()
+    words = {name: code_words(p) for name, p in known.items() if layer(name) == "core.model"}
+    leaks = [f"{name}: {w}" for name, text in words.items() for w in text.splitlines()
+             if (m := named_module(w, known)) and layer(m) not in LAYERS["core.model"]]
+    assert not leaks, "\n".join(leaks)
 
 
 def test_floors_count_the_longest_chain_within_a_layer() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from pytest_kvaudit.core.compute.transplants import anatomy, transplants
 from pytest_kvaudit.core.errors import UnsupportedCacheError
 from pytest_kvaudit.core.model.config import AuditConfig, BoundaryRule
+from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.items import Item, ItemSet, extract_answer, token_text
 from pytest_kvaudit.core.model.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions, replicates
 from pytest_kvaudit.core.model.records import (
@@ -82,12 +83,14 @@ class CellBuilder:
     def __init__(self, dec: Decoder, tokenizer: Any, cfg: AuditConfig, item_set: ItemSet,
                  transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
+        self.engine = engine(cfg.backend)  # its own constructions, what it lacks, and what reads its states:
+        self.kv: Any = self.engine.state_reader or kv
         self.max_positions = max_positions
         #: each layer's kind (full, sliding(W), recurrent...), read off the first boundary state
         self.layer_kinds: list[str] | None = None
         self.per_token = chars_per_token(tokenizer) if max_positions is not None else None
         self.cost: Cost = dec.cost
-        self.transplant_fn = transplant or kv.transplant
+        self.transplant_fn = transplant or self.kv.transplant
         #: each item's place in the whole set (every shard and worker agrees on it): the exact claims' work
         #: follows it (:func:`pytest_kvaudit.core.model.pipeline.exact_item`)
         self.index = {it.id: i for i, it in enumerate(item_set.items)}
@@ -131,7 +134,7 @@ class CellBuilder:
                 and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix):
             donors, sweep = grant()
             if donors:  # a backend that keeps its state whole has no layers to sweep
-                self.transplants(rec, live_state, prefill_state, last, budget, sweep and getattr(self.dec.backend, "per_layer", True))
+                self.transplants(rec, live_state, prefill_state, last, budget, sweep and "per_layer" not in self.engine.lacks)
         return rec, tr.prefix
 
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
@@ -142,9 +145,9 @@ class CellBuilder:
             rec.generated_tail = self.decode(tr.generated[-TAIL_TOKENS:])[-TAIL_CHARS:]
         if tr.reason is None:
             try:
-                kv.check_supported(tr.state)
+                self.kv.check_supported(tr.state)
                 if self.layer_kinds is None:
-                    self.layer_kinds = kv.kinds(tr.state)
+                    self.layer_kinds = self.kv.kinds(tr.state)
             except UnsupportedCacheError as exc:
                 rec.unsupported = str(exc)
             rec.constructions[LIVE.name] = self.labelled(rec, tr.suffix, tr.state_fp or "", tr.logits_fp or "",
@@ -181,17 +184,17 @@ class CellBuilder:
         returned when the step keeps it."""
         self.dec.path = step.name
         reused = None
-        if step.schedule in getattr(self.dec.backend, "constructions", ()):
+        if step.schedule in self.engine.constructions_at(self.cfg.batch_size):
             state, reused = self.dec.construct(step.schedule, ids, len(prompt), live)
         else:
             state = self.dec.build_state(ids, schedule(step.schedule, len(prompt), len(ids)))
         if against is not None:
             rec.comparison.bridge_mismatch = [
-                f"{c.layer}:{part}" for c in kv.compare(state, against)
+                f"{c.layer}:{part}" for c in self.kv.compare(state, against)
                 for part, same in (("k", c.keys_equal), ("v", c.values_equal)) if not same
             ]
-        fp = kv.fingerprint(state)
-        kept = kv.clone(state) if step.keep else None
+        fp = self.kv.fingerprint(state)
+        kept = self.kv.clone(state) if step.keep else None
         margins: list[float] = []
         suffix, lfp = continue_greedy(self.dec, state, last, budget, margins)
         # the label reads the generated part of the prefix this continuation extends

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from functools import partial
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +22,25 @@ from pytest_kvaudit.core.compute.grants import LostItem, WorkSource, within
 from pytest_kvaudit.core.compute.progress import Progress, Tally
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR, AuditConfig
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
+from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.items import Item, ItemSet, stopper
 from pytest_kvaudit.core.model.records import CellRecord
-from pytest_kvaudit.core.runtime.backends import Backend, open_backend
+from pytest_kvaudit.core.runtime.backends import Backend, open_engine
 from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Cost, Decoder, Faults
 from pytest_kvaudit.core.runtime.environment import environment
 from pytest_kvaudit.core.runtime.itemcheck import check_markers, check_prompt_ids, resolve
 
-#: backend -> the cell builder of an engine whose constructions are requests rather than forwards on a caller's
-#: cache (``"module:Class"``, imported when that backend runs); every other backend builds cells with
-#: :class:`~.cells.CellBuilder`
-CELL_BUILDERS: dict[str, str] = {"vllm": "pytest_kvaudit.core.compute.vllm_cells:VllmCellBuilder"}
-
 
 def cell_builder(backend: str) -> Any:
-    """The cell builder class for ``backend``."""
-    spec = CELL_BUILDERS.get(backend)
-    if spec is None:
-        return CellBuilder
-    module, name = spec.split(":")
-    return getattr(import_module(module), name)
+    """The cell builder class for ``backend``: its record's (:attr:`EngineSpec.cell_builder`), else the
+    forward-level :class:`~.cells.CellBuilder`."""
+    return engine(backend).cell_builder or CellBuilder
+
+
+def open_spec(c: AuditConfig, dtype: str, attn: str | None = None) -> OpenSpec:
+    """How run ``c`` opens its model at ``dtype`` (and attention ``attn``, default the run's)."""
+    return OpenSpec(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle, c.device_map)
 
 
 def shard_items(items: Sequence[Item], index: int, count: int) -> list[Item]:
@@ -87,9 +85,7 @@ class Store:
         if key not in self._handles:
             self._handles.clear()
             _free_device_memory()
-            c = self.cfg
-            self._handles[key] = open_backend(c.backend, c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle,
-                                            c.device_map)
+            self._handles[key] = open_engine(self.cfg.backend, open_spec(self.cfg, dtype, attn))
         return self._handles[key]
 
     def prompt_ids(self, item: Item, h: Backend) -> tuple[int, ...]:

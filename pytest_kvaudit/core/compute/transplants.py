@@ -12,7 +12,6 @@ from pytest_kvaudit.core.model.pipeline import LIVE
 from pytest_kvaudit.core.model.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant
 from pytest_kvaudit.core.model.sweep import Subset, sweep_tries_max
 from pytest_kvaudit.core.model.sweep import sweep as sweep_
-from pytest_kvaudit.core.runtime import state as kv
 from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy
 
 
@@ -22,13 +21,15 @@ class CellContext(Protocol):
 
     dec: Decoder
     transplant_fn: Callable[[Any, Any, Any, str], Any]
+    #: what reads the engine's states (its record's ``state_reader``: compare, layers_of, recurrent, ...)
+    kv: Any
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
 def anatomy(b: CellContext, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
     if rec.unsupported is None:
-        layers = kv.compare(live_state, prefill_state)
+        layers = b.kv.compare(live_state, prefill_state)
         # an engine's whole state says only equal or not: no magnitude to put in the drift
         rec.comparison.drift = [[c.layer, c.keys_max_abs, c.values_max_abs, c.keys_rel, c.values_rel]
                                 for c in layers if math.isfinite(c.keys_max_abs + c.values_max_abs)]
@@ -51,6 +52,20 @@ class Switches:
     recurrent: bool = False
 
 
+@dataclass(frozen=True)
+class Move:
+    """One transplant asked of a unit: what kind (donor, sham, identical), from which boundary state to which
+    (``"live"``, ``"prefill"``), which layers (None: all) and parts (``kv``, ``k``, ``v``, ``attn``,
+    ``recurrent``), and whether to stop at the first token that departs from the donor (the sweep's points)."""
+
+    kind: str
+    donor: str
+    receiver: str
+    layers: tuple[int, ...] | None = None
+    parts: str = "kv"
+    decide_only: bool = False
+
+
 @dataclass
 class _Unit:
     """One divergent unit's transplants under way: the two boundary states and what the stages share."""
@@ -64,8 +79,7 @@ class _Unit:
 
     def move(self, kind: str, donor: str, receiver: str, layers: tuple[int, ...] | None = None, parts: str = "kv",
              decide_only: bool = False) -> Transplant:
-        return transplant(self.b, self.rec, kind, self.states[receiver], self.states[donor], donor, receiver, layers,
-                          parts, self.last, self.budget, decide_only)
+        return transplant(self, Move(kind, donor, receiver, layers, parts, decide_only))
 
 
 #: (donor, receiver): both directions
@@ -81,7 +95,7 @@ def _whole(u: _Unit) -> None:
 def _sweep(u: _Unit) -> None:
     """The layer sweep, bisected (:mod:`pytest_kvaudit.core.model.sweep`): each direction's next subset depends
     on its last outcome, so they run in order."""
-    n_layers = len(kv.layers_of(u.states["live"]))
+    n_layers = len(u.b.kv.layers_of(u.states["live"]))
     for donor, receiver in PAIRS:
         def one(subset: Subset, donor: str = donor, receiver: str = receiver) -> bool:
             return u.move(DONOR, donor, receiver, subset[0], subset[1], decide_only=True).followed
@@ -145,25 +159,26 @@ def transplants(b: CellContext, rec: CellRecord, live_state: Any, prefill_state:
     on a model with recurrent state, the attention K/V and the recurrent state apart. ``controls``: whether a
     selected claim reads the controls (donor_following does)."""
     u = _Unit(b, rec, {"live": live_state, "prefill": prefill_state}, last, budget)
-    s = Switches(sweep, controls, kv.recurrent(live_state))
+    s = Switches(sweep, controls, b.kv.recurrent(live_state))
     for stage in STAGES:
         if stage.runs(s):
             stage.run(u)
 
 
-def transplant(b: CellContext, rec: CellRecord, kind: str, receiver: Any, donor: Any, donor_name: str, receiver_name: str,
-               layers: tuple[int, ...] | None, parts: str, last: int, budget: int, decide_only: bool = False) -> Transplant:
-    """One transplant -> continue -> compare with the donor's and the receiver's own suffixes (recorded, and
-    returned: the sweep's next subset depends on it). ``decide_only`` (the sweep's points): stop decoding at the
-    first token that departs from the donor's suffix, where "not followed" is decided; a receiver that follows
-    decodes its whole suffix, as every other transplant does."""
+def transplant(u: _Unit, move: Move) -> Transplant:
+    """One transplant on unit ``u`` -> continue -> compare with the donor's and the receiver's own suffixes
+    (recorded, and returned: the sweep's next subset depends on it). ``move.decide_only`` (the sweep's points):
+    stop decoding at the first token that departs from the donor's suffix, where "not followed" is decided; a
+    receiver that follows decodes its whole suffix, as every other transplant does."""
+    b, rec, kind, layers, parts, decide_only = u.b, u.rec, move.kind, move.layers, move.parts, move.decide_only
+    donor_name, receiver_name = move.donor, move.receiver
     direction = f"{donor_name}_to_{receiver_name}"
     b.dec.path = f"transplant:{direction}" if kind == DONOR else (
         f"transplant:sham:{receiver_name}" if kind == SHAM else f"transplant:{kind}:{direction}")
-    state = b.transplant_fn(receiver, donor, layers, parts)
+    state = b.transplant_fn(u.states[receiver_name], u.states[donor_name], layers, parts)
     margins: list[float] = []
     target, own = rec.constructions[donor_name].suffix, rec.constructions[receiver_name].suffix
-    suffix, _ = continue_greedy(b.dec, state, last, budget, margins, target if decide_only else None)
+    suffix, _ = continue_greedy(b.dec, state, u.last, u.budget, margins, target if decide_only else None)
     t = Transplant(direction, layers, parts, suffix, suffix == target, kind, suffix == own,
                    tuple(round(m, 6) for m in margins), b.decode(suffix), decide_only and suffix != target)
     rec.transplants.append(t)

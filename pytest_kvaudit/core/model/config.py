@@ -16,6 +16,7 @@ from pytest_kvaudit.core.model import cache_kinds as lossy
 from pytest_kvaudit.core.model.cache_kinds import known_kind
 from pytest_kvaudit.core.model.engines import lacks
 from pytest_kvaudit.core.model.pipeline import computes
+from pytest_kvaudit.core.model.precisions import low_precision, parse_dtypes  # noqa: F401  (options and scripts read it here)
 from pytest_kvaudit.core.model.schedules import extra_constructions
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # pytest_kvaudit/, this file being in core/model/
@@ -38,29 +39,9 @@ EMBEDDED_SNAPSHOTS = next(
 #: what --kvaudit-model=embedded names
 EMBEDDED_NAME = "embedded"
 
-DTYPE_NAMES = ("bf16", "fp16", "fp32")
-DTYPE_ALIASES = {
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    # a K/V cache type, not a compute dtype: the llama.cpp backend's 8-bit quantized cache (refused elsewhere)
-    "q8_0": "q8_0",
-}
-#: Precisions whose rounding is coarse enough that live and prefill caches are expected to differ.
-LOW_PRECISION = frozenset({"bf16", "fp16", "q8_0"})
-
-
-def parse_dtypes(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    parts = [p.strip().lower() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
-    if not parts:
-        raise KvauditError("--kvaudit-dtypes is empty: give a comma list such as bf16,fp32")
-    out: list[str] = []
-    for p in parts:
-        if p not in DTYPE_ALIASES:
-            raise KvauditError(f"--kvaudit-dtypes: unknown precision {p!r}; use bf16, fp16 or fp32")
-        if DTYPE_ALIASES[p] not in out:
-            out.append(DTYPE_ALIASES[p])
-    return tuple(out)
+#: Precisions whose rounding is coarse enough that live and prefill caches are expected to differ
+#: (:data:`pytest_kvaudit.core.model.precisions.PRECISIONS` declares each one's ``low``)
+LOW_PRECISION = low_precision()
 
 
 def parse_device(text: str) -> str:

@@ -8,8 +8,26 @@ hands out is whatever the engine keeps between forwards (transformers' ``Cache``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class OpenSpec:
+    """What opening a model takes, as one value: the seven settings used to travel as loose positional
+    arguments through four calls (store -> engine registry -> engine -> loader), and each new setting meant
+    editing all four. ``engine_args`` are an engine's own settings, passed through untouched (empty by default)."""
+
+    model: str
+    dtype: str
+    device: str = "auto"
+    attn: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    device_map: str | None = None
+    engine_args: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class Backend(Protocol):

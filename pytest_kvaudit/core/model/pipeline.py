@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pytest_kvaudit.core.model.engines import backend_constructions, lacks
+from pytest_kvaudit.core.model.engines import ANALYSES, CAPABILITIES, engine, lacks  # noqa: F401  (read here by claims, options)
 from pytest_kvaudit.core.model.schedules import extra_constructions, runs_forwards, schedule
 
 
@@ -57,10 +57,8 @@ REPLICA = ":replica"
 #: computed in every run: eligibility, the divergence that picks the transplant units and every analysis
 #: read the trajectory and the one-shot prefill
 BASE = ("trajectory", "prefill")
-#: analyses a claim may read or quote (``Claim.analyses``), computed when one does
-ANALYSES = ("layer_sweep", "batch_invariance")
-#: needs that a backend may lack (``_LACKS`` in :mod:`pytest_kvaudit.core.model.engines`): the analyses, and per-layer K/V
-CAPABILITIES = (*ANALYSES, "per_layer")
+# ANALYSES (a claim may read or quote them, computed when one does) and CAPABILITIES (the needs an engine may
+# lack: the analyses and per-layer K/V) are declared with the engine record that lacks them (:mod:`.engines`)
 #: the constructions that follow the claims; every other one runs in every run
 SELECTED = ("incremental",)
 #: the exact claims' own work (replica_exactness, bridge_bitexact): the replicas and the bridge's construction,
@@ -144,7 +142,7 @@ def all_constructions(cfg: RunSettings) -> tuple[Step, ...]:
     backend's own constructions (llama.cpp's ``warm`` and ``restore``, vLLM's ``warm`` and ``batched(B)`` with B
     the run's batch size; none for transformers)."""
     names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks),
-             *(n.format(batch=cfg.batch_size) for n in backend_constructions(cfg.backend)))
+             *engine(cfg.backend).constructions_at(cfg.batch_size))
     return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
             Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
             *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))

@@ -30,6 +30,7 @@ from pytest_kvaudit.core.compute.cells import chars_per_token, prompt_ids, surel
 from pytest_kvaudit.core.cost.evidence import StrictFn, caps, decides, evidence, rates, strict_n
 from pytest_kvaudit.core.cost.pricing import Lengths, total
 from pytest_kvaudit.core.model.pipeline import exact_steps
+from pytest_kvaudit.core.model.precisions import named
 from pytest_kvaudit.core.planning.calibrate import SAMPLE, calibrate
 from pytest_kvaudit.core.planning.ledger_price import ledger_prediction
 from pytest_kvaudit.core.planning.unit_work import transplants_per_unit, work
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 #: boundary states alive at once in a cell: the live state kept, the prefill state kept, the one being built
 #: or continued, and a transplant's copy
 CACHES_ALIVE = 4
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 BOUND_WORDS = ("upper bound: every item eligible at every precision, every trajectory generating max_new_tokens, "
                "every item divergent (transplants, layer sweep and controls) up to the donor units")
 
@@ -119,11 +119,11 @@ def at_workers(parts: Sequence[float], workers: int) -> float:
 def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batch_size: int) -> dict[str, Any]:
     """Peak K/V bytes: layers x kv heads x head_dim x positions x bytes x 2 (K and V), times the caches alive."""
     alive = max(CACHES_ALIVE, batch_size)  # the batch probe's one cache holds batch_size rows
-    per_pos = {d: shape["layers"] * shape["kv_heads"] * shape["head_dim"] * 2 * DTYPE_BYTES[d] for d in dtypes}
+    per_pos = {d: named(d).nbytes(shape["layers"] * shape["kv_heads"] * shape["head_dim"] * 2) for d in dtypes}
     return {"positions": positions, "caches_alive": alive,
             "bytes_per_cache": {d: b * positions for d, b in per_pos.items()},
             "peak_cache_bytes": {d: b * positions * alive for d, b in per_pos.items()},
-            "weights_bytes": {d: shape["parameters"] * DTYPE_BYTES[d] for d in dtypes},
+            "weights_bytes": {d: named(d).nbytes(shape["parameters"]) for d in dtypes},
             "basis": f"layers x kv heads x head_dim x {positions} positions (longest prompt + max_new_tokens) x "
                      f"bytes x 2 (K, V) x {alive} caches alive"}
 

@@ -8,8 +8,22 @@ import platform
 from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.precisions import named, torch_precisions
 
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+def torch_dtype(dtype: str) -> Any:
+    """The torch dtype that precision ``dtype`` runs in (:mod:`pytest_kvaudit.core.model.precisions`)."""
+    import torch
+
+    check_torch_precision(dtype)
+    return getattr(torch, str(named(dtype).torch))
+
+
+def check_torch_precision(dtype: str) -> None:
+    """One line for a K/V cache type (``q8_0``) asked of an engine that runs torch dtypes."""
+    if named(dtype).torch is None:
+        raise KvauditError(f"--kvaudit-dtypes={dtype} is a K/V cache type of --kvaudit-backend=llama.cpp, not a "
+                           f"precision transformers runs: use {', '.join(torch_precisions())}")
 
 
 def resolve_device(spec: str) -> str:
@@ -36,10 +50,7 @@ def check_dtype_supported(dtype: str, device: str) -> None:
     """Fail early, in one line, for a precision the device cannot run."""
     import torch
 
-    if dtype not in TORCH_DTYPES:
-        raise KvauditError(f"--kvaudit-dtypes={dtype} is a K/V cache type of --kvaudit-backend=llama.cpp, not a "
-                           f"precision transformers runs: use {', '.join(TORCH_DTYPES)}")
-    tdt = getattr(torch, TORCH_DTYPES[dtype])
+    tdt = torch_dtype(dtype)
     if device.startswith("cuda") and dtype == "bf16" and not torch.cuda.is_bf16_supported():
         raise KvauditError(f"{torch.cuda.get_device_name(device)} does not support bf16: use --kvaudit-dtypes=fp16,fp32")
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.runtime.environment import TORCH_DTYPES
+from pytest_kvaudit.core.runtime.environment import torch_dtype
 from pytest_kvaudit.core.runtime.refusals import check_loading_info
 
 SUFFIX = ".gguf"
@@ -132,12 +132,11 @@ def load_model(file: Path, dtype: str, device: str, attn: str | None = None, dev
     compute matmuls in float32 whatever dtype was asked for, and a bf16 audit would not be one.
     """
     require_extra(file)
-    import torch
     from transformers import AutoModelForCausalLM, GgufConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    kwargs: dict[str, Any] = {"gguf_file": file.name, "dtype": getattr(torch, TORCH_DTYPES[dtype]),
+    kwargs: dict[str, Any] = {"gguf_file": file.name, "dtype": torch_dtype(dtype),
                               "quantization_config": GgufConfig(dequantize=True), "output_loading_info": True}
     if attn:
         kwargs["attn_implementation"] = attn

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.runtime import gguf
-from pytest_kvaudit.core.runtime.environment import TORCH_DTYPES, check_dtype_supported, environment, resolve_device
+from pytest_kvaudit.core.runtime.environment import check_dtype_supported, environment, resolve_device, torch_dtype
 from pytest_kvaudit.core.runtime.refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
 
 __all__ = ["ModelHandle", "check_dtype_supported", "environment", "model_identity", "open_model", "resolve_checkpoint",
@@ -144,20 +145,14 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> Any:
         raise KvauditError(f"cannot load the tokenizer of {path}: {str(exc).splitlines()[0]}") from None
 
 
-def load_model(
-    path: Path,
-    dtype: str,
-    device: str,
-    attn: str | None = None,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-    device_map: str | None = None,
-) -> Any:
-    import torch
+def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
+    """``spec``'s model from ``path`` (resolved) onto ``device`` (resolved)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress is kvaudit's to show, once per run, not per load
+    dtype, attn, device_map = spec.dtype, spec.attn, spec.device_map
+    trust_remote_code, allow_pickle = spec.trust_remote_code, spec.allow_pickle
     if (g := gguf.gguf_file(path)) is not None:
         return gguf.load_model(g, dtype, device, attn, device_map)
     cfg = read_config(path)
@@ -172,7 +167,7 @@ def load_model(
         )
     weights_files(path, allow_pickle)
     kwargs: dict[str, Any] = {
-        "dtype": getattr(torch, TORCH_DTYPES[dtype]),
+        "dtype": torch_dtype(dtype),
         "trust_remote_code": trust_remote_code,
         "use_safetensors": not allow_pickle or bool(list(path.glob("*.safetensors"))),
         # load what does not fit, so that loading info names it, then refuse it below
@@ -241,31 +236,23 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def open_model(
-    spec: str,
-    dtype: str,
-    device: str = "auto",
-    attn: str | None = None,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-    device_map: str | None = None,
-) -> ModelHandle:
-    """Load ``spec`` at ``dtype``: the one code path for the embedded checkpoint and any other."""
-    path = resolve_checkpoint(spec, trust_remote_code)
+def open_model(spec: OpenSpec) -> ModelHandle:
+    """Load ``spec.model`` at ``spec.dtype``: the one code path for the embedded checkpoint and any other."""
+    path = resolve_checkpoint(spec.model, spec.trust_remote_code)
     check_files(path)
-    identity = model_identity(spec, path, allow_pickle)
-    dev = resolve_device(device)
-    check_dtype_supported(dtype, dev)
-    tokenizer = load_tokenizer(path, trust_remote_code)
-    model = load_model(path, dtype, dev, attn, trust_remote_code, allow_pickle, device_map)
+    identity = model_identity(spec.model, path, spec.allow_pickle)
+    dev = resolve_device(spec.device)
+    check_dtype_supported(spec.dtype, dev)
+    tokenizer = load_tokenizer(path, spec.trust_remote_code)
+    model = load_model(path, spec, dev)
     check_vocab(model, tokenizer, path)
     check_causal(model, path)
-    impl = getattr(model.config, "_attn_implementation", None) or attn or "default"
+    impl = getattr(model.config, "_attn_implementation", None) or spec.attn or "default"
     return ModelHandle(
         model=model,
         tokenizer=tokenizer,
-        dtype=dtype,
-        device=str(model.device) if device_map else dev,
+        dtype=spec.dtype,
+        device=str(model.device) if spec.device_map else dev,
         attn_implementation=str(impl),
         identity=identity,
         eos_ids=eos_ids(model, tokenizer),

@@ -118,12 +118,13 @@ def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:
     """Fingerprints, comparisons and transplants see a static layer's filled positions, not its preallocation."""
     import torch
 
+    from pytest_kvaudit.core.model.engine_protocol import OpenSpec
     from pytest_kvaudit.core.runtime import state as kv
     from pytest_kvaudit.core.runtime.decoder import Decoder
     from pytest_kvaudit.core.runtime.loading import open_model
 
     torch.set_num_threads(1)
-    h = open_model(str(tiny_llama), "fp32", "cpu")
+    h = open_model(OpenSpec(str(tiny_llama), "fp32", "cpu"))
     ids = [3, 4, 5, 6, 7, 8, 9]
     static = Decoder(h.model, h.eos_ids, cache_kind="static", max_cache_len=32)
     replay = static.build_state(ids, [4, 1, 1, 1])

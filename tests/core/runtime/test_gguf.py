@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.runtime import gguf
 from pytest_kvaudit.core.runtime.loading import model_identity, open_model, resolve_checkpoint
 
@@ -37,10 +38,10 @@ def test_loads_dequantized_and_equals_its_conversion(smollm2: tuple[Path, Path])
     import torch
 
     file, ckpt = smollm2
-    g = open_model(str(file), "fp32", "cpu")
+    g = open_model(OpenSpec(str(file), "fp32", "cpu"))
     assert g.model.dtype == torch.float32 and not getattr(g.model, "is_quantized", False)
     assert g.tokenizer.chat_template and g.eos_ids == frozenset({2}) and g.vocab_size == 49152
-    c = open_model(str(ckpt), "fp32", "cpu")
+    c = open_model(OpenSpec(str(ckpt), "fp32", "cpu"))
     ids = torch.tensor([g.tokenizer("Compute 17 + 26 + 38.")["input_ids"]])
     assert ids.tolist()[0] == c.tokenizer("Compute 17 + 26 + 38.")["input_ids"]
     assert torch.equal(g.model(ids).logits, c.model(ids).logits)

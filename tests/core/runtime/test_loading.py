@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.runtime.loading import model_identity, open_model, resolve_checkpoint
 
 
@@ -38,10 +39,10 @@ def test_pickle_only_checkpoint_is_refused(tmp_path: Path) -> None:
     ck = tiny_checkpoint(tmp_path / "pk", "llama", safetensors=False)
     assert not list(ck.glob("*.safetensors"))
     with pytest.raises(KvauditError) as exc:
-        open_model(str(ck), "fp32", "cpu")
+        open_model(OpenSpec(str(ck), "fp32", "cpu"))
     msg = one_line(exc)
     assert "only pickle weights" in msg and "--kvaudit-allow-pickle" in msg
-    h = open_model(str(ck), "fp32", "cpu", allow_pickle=True)
+    h = open_model(OpenSpec(str(ck), "fp32", "cpu", allow_pickle=True))
     assert h.identity["architecture"] == "LlamaForCausalLM"
 
 
@@ -53,7 +54,7 @@ def test_remote_code_needs_opt_in(tiny_llama: Path, tmp_path: Path) -> None:
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomLM"}
     (ck / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(KvauditError) as exc:
-        open_model(str(ck), "fp32", "cpu")
+        open_model(OpenSpec(str(ck), "fp32", "cpu"))
     assert "needs custom code" in one_line(exc) and "--kvaudit-trust-remote-code" in one_line(exc)
 
 
@@ -68,7 +69,7 @@ def test_vocab_mismatch(tiny_llama: Path, tmp_path: Path) -> None:
         tok["model"]["vocab"][f"x{i}"] = cfg["vocab_size"] + i
     (ck / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(KvauditError) as exc:
-        open_model(str(ck), "fp32", "cpu")
+        open_model(OpenSpec(str(ck), "fp32", "cpu"))
     assert "different checkpoints" in one_line(exc)
 
 

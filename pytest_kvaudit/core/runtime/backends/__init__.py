@@ -1,23 +1,22 @@
-"""Model engines behind one protocol (:mod:`pytest_kvaudit.core.model.engine_protocol`), chosen by name
-(``--kvaudit-backend``, :mod:`pytest_kvaudit.core.model.engines`) and imported only when chosen."""
+"""Model engines behind one protocol (:mod:`pytest_kvaudit.core.model.engine_protocol`), each one record
+(:class:`pytest_kvaudit.core.model.engines.EngineSpec`) found by name (``--kvaudit-backend``); an engine's own
+modules are imported when its record is loaded, the engine itself when its opener runs."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from pytest_kvaudit.core.model.engine_protocol import Backend, OpenSpec
+from pytest_kvaudit.core.model.engines import engine
 
-from pytest_kvaudit.core.model.engine_protocol import Backend
-from pytest_kvaudit.core.model.engines import opener as _opener
-
-__all__ = ["Backend", "open_backend"]
+__all__ = ["Backend", "OpenSpec", "open_backend", "open_engine"]
 
 
-def open_backend(name: str, spec: str, dtype: str, device: str = "auto", attn: str | None = None,
-                 trust_remote_code: bool = False, allow_pickle: bool = False, device_map: str | None = None) -> Backend:
-    """``spec`` loaded at ``dtype`` by the backend ``name``."""
-    opener: Any = _opener(name)
-    if isinstance(opener, str):
-        module, fn = opener.split(":")
-        opener = getattr(import_module(module), fn)
-    backend: Backend = opener(spec, dtype, device, attn, trust_remote_code, allow_pickle, device_map)
-    return backend
+def open_engine(name: str, spec: OpenSpec) -> Backend:
+    """``spec`` opened by the engine ``name``."""
+    return engine(name).opener(spec)
+
+
+def open_backend(name: str, model: str, dtype: str, device: str = "auto", attn: str | None = None,
+                 **settings: bool | str | None) -> Backend:
+    """:func:`open_engine` for scripts and notebooks that name the model and precision:
+    ``settings`` are :class:`OpenSpec`'s other fields."""
+    return open_engine(name, OpenSpec(model, dtype, device, attn, **settings))  # type: ignore[arg-type]

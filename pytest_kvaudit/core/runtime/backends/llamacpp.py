@@ -29,7 +29,9 @@ from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.engine_constructions import RESTORE, WARM
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
+from pytest_kvaudit.core.model.precisions import PRECISIONS
 from pytest_kvaudit.core.runtime.backends.llamacpp_tokens import LlamaCppTokenizer
 from pytest_kvaudit.core.runtime.gguf import _causal_lm_class, gguf_file
 from pytest_kvaudit.core.runtime.loading import file_digest
@@ -37,8 +39,8 @@ from pytest_kvaudit.core.runtime.state.whole import NOT_AVAILABLE, WholeState
 
 NAME = "llama.cpp"
 INSTALL = "pip install 'pytest-kvaudit[llamacpp]'"
-#: --kvaudit-dtypes value -> (ggml type id of the K/V cache, its name); llama.py does not export BF16's id
-KV_TYPES = {"fp32": (0, "f32"), "fp16": (1, "f16"), "bf16": (30, "bf16"), "q8_0": (8, "q8_0")}
+#: --kvaudit-dtypes value -> (ggml type id of the K/V cache, its name), from the one precision table
+KV_TYPES = {p.name: p.ggml for p in PRECISIONS if p.ggml is not None}
 #: a quantized V cache is only implemented inside flash attention in llama.cpp: it is switched on for it
 NEEDS_FLASH_ATTN = frozenset({"q8_0"})
 N_CTX = int(os.environ.get("KVAUDIT_LLAMACPP_N_CTX", "1024"))
@@ -278,12 +280,14 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
     }
 
 
-def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
-                 allow_pickle: bool = False, device_map: str | None = None) -> LlamaCppBackend:
+def open_spec(spec: OpenSpec) -> LlamaCppBackend:
+    """The llama.cpp engine's opener (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.opener`)."""
     _llama_cpp()  # the engine missing is the first thing to say
-    if device not in ("auto", "cpu"):
-        raise KvauditError(f"--kvaudit-device={device}: the {NAME} backend runs on the CPU here (one thread)")
-    file = gguf_file(Path(spec).expanduser())
+    if spec.device not in ("auto", "cpu"):
+        raise KvauditError(f"--kvaudit-device={spec.device}: the {NAME} backend runs on the CPU here (one thread)")
+    file = gguf_file(Path(spec.model).expanduser())
     if file is None:
-        raise KvauditError(f"--kvaudit-backend={NAME} runs GGUF files: {spec!r} is not a .gguf or a folder holding one")
-    return LlamaCppBackend(file, dtype, spec)
+        raise KvauditError(f"--kvaudit-backend={NAME} runs GGUF files: {spec.model!r} is not a .gguf or a folder "
+                           "holding one")
+    return LlamaCppBackend(file, spec.dtype, spec.model)
+

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.runtime import state as kv
 from pytest_kvaudit.core.runtime.backends.lean import LeanStep
@@ -85,7 +86,11 @@ class TransformersBackend(ModelHandle):
                 "recurrent": int(any(kv.LINEAR_LAYER in name for name in fresh))}
 
 
-def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
-                 allow_pickle: bool = False, device_map: str | None = None) -> TransformersBackend:
-    h = open_model(spec, dtype, device, attn, trust_remote_code, allow_pickle, device_map)
-    return TransformersBackend(**vars(h))
+def open_spec(spec: OpenSpec) -> TransformersBackend:
+    """The transformers engine's opener (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.opener`)."""
+    return TransformersBackend(**vars(open_model(spec)))
+
+
+def open_backend(model: str, dtype: str, device: str = "auto", attn: str | None = None) -> TransformersBackend:
+    """:func:`open_spec` for scripts and benchmarks that name only the model, precision, device and attention."""
+    return open_spec(OpenSpec(model, dtype, device, attn))

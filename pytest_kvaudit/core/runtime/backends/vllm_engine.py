@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.precisions import PRECISIONS
 
 NAME = "vllm"
 PINNED = "0.32.0"
@@ -24,7 +25,7 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "
 BLOCK_SIZE = int(os.environ.get("KVAUDIT_VLLM_BLOCK_SIZE", "32"))  # the CPU attention backend needs a multiple of 32
 #: --kvaudit-vllm-cuda-graphs is an axis on GPUs: KVAUDIT_VLLM_CUDA_GRAPHS=1 leaves enforce_eager off
 CUDA_GRAPHS = os.environ.get("KVAUDIT_VLLM_CUDA_GRAPHS", "0") == "1"
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPES = {p.name: p.torch for p in PRECISIONS if p.torch is not None}  # the one precision table's torch names
 TOP_K = 20
 FORCE = "kvaudit_force"
 
