@@ -79,6 +79,10 @@ def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Pa
     setup(pytester)
     run(pytester, tiny_llama, "--snapshot-update")
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)  # 6 units reproduced, fewer than the exactness claims' 12: no audit yet
+    res.stdout.fnmatch_lines(["*ledger_audit inconclusive: 6 units both recorded and run, needs 12*"])
+    pytester.makeini("[pytest]\nkvaudit_thresholds = ledger_audit.min_units=6\n")
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["*ledger_audit*PASS*6*6*"])
 
