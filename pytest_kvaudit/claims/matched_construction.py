@@ -32,7 +32,7 @@ from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.power import matched_chances, units_for_equivalence
-from pytest_kvaudit.claims.stats import mcnemar_exact, paired_bootstrap_ci, tango_interval, wilson_interval
+from pytest_kvaudit.claims.stats import mcnemar_counts, paired_bootstrap_ci, tango_interval, wilson_interval
 
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
@@ -53,41 +53,49 @@ TEST = ("FAIL: exact conditional McNemar, two-sided, alpha = 1 - confidence; PAS
         "two-sided (each end a one-sided test at half alpha), within ±margin")
 
 
-def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[str, Any]:
-    """One precision's counts, intervals, p and power."""
-    live = [bool(r.constructions["live"].label) for r in rows]
-    pre = [bool(r.constructions["prefill"].label) for r in rows]
-    n, conf, m = len(rows), th["confidence"], th["margin"]
-    b = sum(x and not y for x, y in zip(live, pre))
-    c = sum(y and not x for x, y in zip(live, pre))
-    acc_l, acc_p = (sum(live) / n, sum(pre) / n) if n else (None, None)
+def decision_figures(n: int, b: int, c: int, right_live: int, right_prefill: int,
+                     th: Mapping[str, float]) -> dict[str, Any]:
+    """The figures the rule reads, from counts alone: ``n`` pairs, ``b`` right only live, ``c`` only with
+    prefill, and each side's right answers (``benchmarks/rejudge.py`` re-judges committed reports with it)."""
+    conf, m = th["confidence"], th["margin"]
+    acc_l, acc_p = (right_live / n, right_prefill / n) if n else (None, None)
     ci = tango_interval(b, c, n, conf) if n else NO_INTERVAL
-    boot = paired_bootstrap_ci(live, pre, conf, int(th["n_resamples"]), int(th["seed"])) if n else NO_INTERVAL
     disc = (b + c) / n if n else 0.0
-    f: dict[str, Any] = {
-        "divergent_suffixes": len(div), "label_disagreements": b + c, "accuracy_live": acc_l,
-        "accuracy_prefill": acc_p, "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p,
-        "accuracy_diff_ci": [ci[0], ci[1]], "accuracy_diff_ci_bootstrap": [boot[0], boot[1]],
-        "mcnemar_p": mcnemar_exact(live, pre) if n else None, "n": n,
-        "labels_extracted": [sum(r.constructions["live"].answer is not None and r.constructions["prefill"].answer is not None
-                                 for r in rows), n],
-        "discordant": [b, c],
-        # the extracted answer itself: a model that is wrong on both sides changes no label, yet a divergent
-        # suffix may still change what it answers (a label is correctness, not the answer)
-        "answer_changes": sum(r.constructions["live"].answer != r.constructions["prefill"].answer for r in div),
-        "right_wrong": [min(sum(live), sum(pre)), n - max(sum(live), sum(pre))],
+    return {
+        "n": n, "label_disagreements": b + c, "discordant": [b, c], "accuracy_live": acc_l, "accuracy_prefill": acc_p,
+        "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p, "accuracy_diff_ci": [ci[0], ci[1]],
+        "mcnemar_p": mcnemar_counts(b, c) if n else None,
+        "right_wrong": [min(right_live, right_prefill), n - max(right_live, right_prefill)],
         # what this n could tell: the chance to pass if accuracy does not move, at the discordance seen, and
         # McNemar's power against a move of the margin (at least the margin's share of pairs discordant)
         "pass_chance_at_zero": matched_chances(n, disc, 0.0, m, conf)[0] if n else None,
         "power_at_margin": matched_chances(n, max(disc, m), m, m, conf)[1] if n else None,
         "items_for_pass": units_for_equivalence(disc, m, conf) if n else None}
+
+
+def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[str, Any]:
+    """One precision's counts, intervals, p and power."""
+    live = [bool(r.constructions["live"].label) for r in rows]
+    pre = [bool(r.constructions["prefill"].label) for r in rows]
+    n, conf = len(rows), th["confidence"]
+    b = sum(x and not y for x, y in zip(live, pre))
+    c = sum(y and not x for x, y in zip(live, pre))
+    boot = paired_bootstrap_ci(live, pre, conf, int(th["n_resamples"]), int(th["seed"])) if n else NO_INTERVAL
+    f: dict[str, Any] = {
+        **decision_figures(n, b, c, sum(live), sum(pre), th),
+        "divergent_suffixes": len(div), "accuracy_diff_ci_bootstrap": [boot[0], boot[1]],
+        "labels_extracted": [sum(r.constructions["live"].answer is not None and r.constructions["prefill"].answer is not None
+                                 for r in rows), n],
+        # the extracted answer itself: a model that is wrong on both sides changes no label, yet a divergent
+        # suffix may still change what it answers (a label is correctness, not the answer)
+        "answer_changes": sum(r.constructions["live"].answer != r.constructions["prefill"].answer for r in div)}
     # Wilson intervals of the three rates over the eligible items: what a run of this size can say of them
     f["rate_ci"] = {k: list(wilson_interval(int(f[k]), n, conf)) if n else None
                     for k in ("divergent_suffixes", "label_disagreements", "answer_changes")}
     return f
 
 
-def _decide(f: Mapping[str, Any], th: Mapping[str, float]) -> tuple[str, str]:
+def decide(f: Mapping[str, Any], th: Mapping[str, float]) -> tuple[str, str]:
     """One precision's verdict and its reason, in the order of :data:`TEST`."""
     n, (ext, _), (b, c), (right, wrong) = f["n"], f["labels_extracted"], f["discordant"], f["right_wrong"]
     m, need, alpha = th["margin"], th["min_label_rate"], 1 - th["confidence"]
@@ -102,8 +110,8 @@ def _decide(f: Mapping[str, Any], th: Mapping[str, float]) -> tuple[str, str]:
     if p < alpha:
         return FAIL, f"accuracy moved: diff {f['accuracy_diff']:+.3f}; {stats}"
     if right < th["min_each"] or wrong < th["min_each"]:
-        return INCONCLUSIVE, (f"labels cannot move: {right} items right and {wrong} wrong on both sides, needs "
-                              f"{int(th['min_each'])} of each")
+        return INCONCLUSIVE, (f"labels cannot move: {right} items right and {wrong} wrong on the side with fewer, "
+                              f"needs {int(th['min_each'])} of each")
     if -m <= ci[0] and ci[1] <= m:
         return PASS, (f"{f['divergent_suffixes']}/{n} suffixes diverge ({f['answer_changes']} with another answer), "
                       f"accuracy diff {f['accuracy_diff']:+.3f} within ±{m:g}; {stats}")
@@ -176,7 +184,7 @@ class MatchedConstruction(Claim):
                 primary_ci = (f["accuracy_diff_ci"][0], f["accuracy_diff_ci"][1])
             for key, val in f.items():
                 figs[key][d] = val
-            status, why = _decide(f, th)
+            status, why = decide(f, th)
             statuses.append(status)
             reasons.append(f"{d}: {why}")
         return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records, ev.config), figs,
