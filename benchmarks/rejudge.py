@@ -110,6 +110,9 @@ def rejudge(report: dict[str, Any]) -> dict[str, Any]:
 def lines(results: dict[str, Any]) -> list[str]:
     text = []
     for title, claims in results.items():
+        if title == "_prose":
+            text += ["== What the prose may say", *(f"  {k}: {v['sentence']}" for k, v in claims.items())]
+            continue
         text.append(f"== {title}")
         for name, row in claims.items():
             change = "" if row["now"] == row["was"] else f"   (was {row['was']})"
@@ -127,8 +130,24 @@ def lines(results: dict[str, Any]) -> list[str]:
     return text
 
 
+def prose(report: dict[str, Any], dtype: str = "bf16") -> dict[str, Any]:
+    """What the prose may say of the divergence: its rate with its interval, and where it began (ties)."""
+    f = report["claims"]["matched_construction"]["figures"]
+    k, n = f["divergent_suffixes"][dtype], f["n"][dtype]
+    lo, hi = wilson_interval(k, n)
+    units = [u for u in report.get("analyses", {}).get("anatomy", {}).get("divergent", []) if u["dtype"] == dtype]
+    ties = sum(1 for u in units if 0.0 in (u["margin_live"], u["margin_prefill"]))
+    return {"divergent": [k, n], "wilson": [lo, hi], "one_in": [1 / hi, k and n / k, 1 / lo if lo else None],
+            "units_at_exact_tie": [ties, len(units)],
+            "sentence": f"{k} of {n} suffixes diverge, one in {n / k:.1f} (95% Wilson interval one in {1 / hi:.1f} to "
+                        f"one in {1 / lo:.1f}); {ties} of {len(units)} divergent units started at an exact BF16 tie "
+                        f"(a top-2 margin of 0 on one side), {len(units) - ties} had no tie"}
+
+
 def main() -> int:
     results = {title: rejudge(json.loads((REPO / path).read_text())) for title, path in REPORTS.items()}
+    smol = json.loads((REPO / REPORTS["SmolLM2-135M, 200 items, CPU (smollm2-v3)"]).read_text())
+    results["_prose"] = {"SmolLM2-135M bf16, 200 items": prose(smol)}
     atomic_write_text(RESULTS / "rejudged.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     text = "\n".join(["Committed results re-judged with issue 37's rules (python benchmarks/rejudge.py)", "", *lines(results)])
     atomic_write_text(RESULTS / "rejudged.txt", text + "\n")
