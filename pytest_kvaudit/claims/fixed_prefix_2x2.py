@@ -96,9 +96,8 @@ class FixedPrefix2x2(Claim):
                 "divergent_units_per_low_precision": int(thresholds["min_recurring"])}
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
-        """To pass under --kvaudit-strict the high precision's Wilson upper bound must clear max_rate: the items
-        for an 80% chance of that at the high precision's calibrated divergence (the 2x2's cells mirror the
-        matched ones), over the eligibility rate; no n where that rate is at or above max_rate."""
+        """Items for an 80% chance that the Wilson upper bound clears max_rate at the high precision's calibrated
+        divergence (the 2x2's cells mirror the matched ones), over the eligibility rate; none at max_rate."""
         need = units_for_rate(rates.get("divergent_rate_high", 0.0), thresholds["max_rate"], thresholds["confidence"])
         eligible = rates.get("eligible_items_per_precision", 1.0)
         return {"fp32_upper_clears_max_rate": None if need is None or eligible <= 0 else math.ceil(need / eligible - 1e-9)}
