@@ -214,8 +214,10 @@ class MatchedConstruction(Claim):
         rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}", mc["label_disagreements"][d],
                  "/".join(map(str, mc.get("labels_extracted", {}).get(d, []))) or "-",
                  num(mc["accuracy_live"][d], ".3f"), num(mc["accuracy_prefill"][d], ".3f"),
-                 num(mc["accuracy_diff"][d], "+.3f"), _iv(mc["accuracy_diff_ci"][d])]
+                 num(mc["accuracy_diff"][d], "+.3f"), _iv(mc["accuracy_diff_ci"][d]),
+                 num((mc.get("mcnemar_p") or {}).get(d), ".3g"), num((mc.get("power_at_margin") or {}).get(d), ".0%")]
                 for d in mc["divergent_suffixes"]]
         return section("matched", self.title, table(
             ["precision", "divergent suffixes", "label disagreements", "labels extracted", "accuracy live",
-             "accuracy prefill", "Δ", "paired 95% CI"], rows, "matched"))
+             "accuracy prefill", "Δ", "Tango 95% CI (two-sided)", "exact McNemar p", "power against ±margin"], rows,
+            "matched"))

@@ -222,6 +222,7 @@ def test_less_divergence_is_an_improvement_more_is_a_failed_test(recorded: Path,
     assert "REGRESSION bf16 divergent suffixes (live vs prefill): " in bad.stdout
     html = (tmp_path / "r.html").read_text()
     assert "Against the baseline" in html and "<span class='fail'>regression</span>" in html
+    assert html.index("id='gate'") < html.index("id='claims'") and "Gate against the baseline" in html and "FAILED</span>: " in html
 
 
 def test_a_truncated_ledger_is_refused_at_configure_within_seconds(recorded: Path, pytester: pytest.Pytester) -> None:
