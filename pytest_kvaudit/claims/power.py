@@ -31,11 +31,46 @@ def matched_rule(b: Any, c: Any, n: Any, margin: float, confidence: float = 0.95
     return (~fails) & (lo >= -margin - 1e-12) & (hi <= margin + 1e-12), fails
 
 
+def pass_band(ms: Any, n: int, margin: float, confidence: float = 0.95) -> Any:
+    """For each discordant count ``m`` of ``n`` pairs, the largest ``b`` at or above m/2 that
+    :func:`matched_rule` passes (m/2 - 1 where none does). The rule is symmetric in b and c and passes a band
+    around b = c, so it passes exactly ``m - band <= b <= band`` (``tests/claims/test_decision_rules.py`` checks
+    this against every table up to 200 pairs); a bisection over b finds the band in a few evaluations a count."""
+    np, _ = _scipy()
+    ms = np.asarray(ms)
+    mid = (ms + 1) // 2  # the least b at or above m/2
+    lo, hi = mid - 1, ms + 1  # lo passes (or is the sentinel below mid), hi fails (or is past m)
+    first = matched_rule(mid, ms - mid, n, margin, confidence)[0]
+    lo = np.where(first, mid, lo)
+    hi = np.where(first, hi, mid)
+    while np.any(hi - lo > 1):
+        probe = (lo + hi) // 2
+        ok = matched_rule(probe, ms - probe, n, margin, confidence)[0]
+        live = hi - lo > 1
+        lo, hi = np.where(live & ok, probe, lo), np.where(live & ~ok, probe, hi)
+    return lo
+
+
+def fail_edge(ms: Any, alpha: float) -> Any:
+    """For each discordant count ``m``, the least ``b`` at or above m/2 where McNemar's exact p is below
+    ``alpha`` (m + 1 where none is): its p falls as b moves away from m/2, so a bisection finds it."""
+    np, _ = _scipy()
+    ms = np.asarray(ms)
+    lo, hi = (ms + 1) // 2 - 1, ms + 1  # lo is not rejected (or a sentinel), hi is rejected (or past m)
+    while np.any(hi - lo > 1):
+        probe = (lo + hi) // 2
+        bad = mcnemar_p_array(probe, ms) < alpha
+        live = hi - lo > 1
+        lo, hi = np.where(live & ~bad, probe, lo), np.where(live & bad, probe, hi)
+    return hi
+
+
 def matched_chances(n: int, discordance: float, delta: float, margin: float,
                     confidence: float = 0.95) -> tuple[float, float]:
     """(P(pass), P(fail)) of :func:`matched_rule` on ``n`` pairs when a share ``discordance`` of pairs disagree
-    and the true accuracy difference is ``delta`` (|delta| <= discordance), by exact enumeration of the tables
-    that carry all but a few :data:`TAIL` of the probability."""
+    and the true accuracy difference is ``delta`` (|delta| <= discordance), exactly: over every discordant count
+    that carries more than :data:`TAIL` of the probability, the binomial mass of b inside the pass band
+    (:func:`pass_band`) and in McNemar's two tails."""
     np, stats = _scipy()
     if abs(delta) > discordance + 1e-12:
         raise ValueError(f"an accuracy difference of {delta} needs at least that share of discordant pairs, "
@@ -47,16 +82,12 @@ def matched_chances(n: int, discordance: float, delta: float, margin: float,
     pm = stats.binom.pmf(ms, n, discordance)
     ms, pm = ms[pm > TAIL], pm[pm > TAIL]
     share = min(1.0, max(0.0, (1 + delta / discordance) / 2))
-    # b | m only where it carries probability: the cells grow as n sqrt(n), not n squared
-    first = np.nan_to_num(stats.binom.ppf(TAIL, ms, share), nan=0.0).astype(int)
-    last = np.nan_to_num(stats.binom.isf(TAIL, ms, share), nan=0.0).astype(int)
-    first, last = np.clip(np.minimum(first, last), 0, ms), np.clip(np.maximum(first, last), 0, ms)
-    count = last - first + 1
-    m = np.repeat(ms, count)
-    b = np.repeat(first, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    w = np.repeat(pm, count) * stats.binom.pmf(b, m, share)
-    passes, fails = matched_rule(b, m - b, n, margin, confidence)
-    return float((w * passes).sum()), float((w * fails).sum())
+    band = pass_band(ms, n, margin, confidence)
+    inside = np.where(band >= ms - band, stats.binom.cdf(band, ms, share) - stats.binom.cdf(ms - band - 1, ms, share), 0.0)
+    # McNemar rejects the tails: b >= r or b <= m - r, with r its least rejected b at or above m/2
+    r = fail_edge(ms, 1 - confidence)
+    fails = np.where(r <= ms, stats.binom.sf(r - 1, ms, share) + stats.binom.cdf(ms - r, ms, share), 0.0)
+    return float((pm * inside).sum()), float((pm * fails).sum())
 
 
 def rate_pass_chance(n: int, rate: float, threshold: float, confidence: float = 0.95) -> float:

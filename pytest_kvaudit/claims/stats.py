@@ -161,7 +161,7 @@ def _tango_z(b: Any, c: Any, n: Any, delta: Any) -> Any:
 def tango_array(b: Any, c: Any, n: Any, confidence: float = 0.95) -> tuple[Any, Any]:
     """Tango's score interval for a paired difference of proportions, ``(b - c) / n`` where ``b`` pairs are
     right only on the first side and ``c`` only on the second, over arrays: the deltas where the score
-    statistic crosses ±z, found by bisection (it falls as delta grows; 60 halvings reach 1e-18)."""
+    statistic crosses ±z, found by bisection (it falls as delta grows; 46 halvings reach 3e-14)."""
     np, _ = _scipy()
     b, c, n = (np.asarray(x, dtype=float) for x in (b, c, n))
     z = z_two_sided(confidence)
@@ -169,7 +169,7 @@ def tango_array(b: Any, c: Any, n: Any, confidence: float = 0.95) -> tuple[Any, 
     for target in (z, -z):
         lo = np.full(np.broadcast(b, c, n).shape, -1.0 + 1e-12)
         hi = np.full_like(lo, 1.0 - 1e-12)
-        for _ in range(60):
+        for _ in range(46):
             mid = (lo + hi) / 2
             above = _tango_z(b, c, n, mid) > target
             lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)

@@ -14,8 +14,10 @@ import pytest
 from scipy import stats
 
 from pytest_kvaudit.claims.power import (
+    fail_edge,
     matched_chances,
     matched_rule,
+    pass_band,
     rate_chances,
     rate_pass_chance,
     units_for_equivalence,
@@ -85,6 +87,20 @@ def test_matched_power_at_stated_alternatives() -> None:
     # with nothing discordant, Tango's interval is ±z²/(n+z²): a pass needs 61 pairs at ±6 points
     assert matched_chances(60, 0.0, 0.0, MARGIN)[0] == 0.0 and matched_chances(61, 0.0, 0.0, MARGIN)[0] == 1.0
     assert units_for_equivalence(0.0, MARGIN) == 61
+
+
+@pytest.mark.parametrize("n", [20, 61, 200])
+def test_the_pass_band_and_mcnemars_edge_are_the_rule_on_every_table(n: int) -> None:
+    # the enumeration sums the rule over a band of b a discordant count: the band is the rule, table by table
+    b, c = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    keep = b + c <= n
+    b, c = b[keep], c[keep]
+    passes, fails = matched_rule(b, c, n, MARGIN)
+    m = b + c
+    band = pass_band(np.arange(n + 1), n, MARGIN)[m]
+    edge = fail_edge(np.arange(n + 1), ALPHA)[m]
+    assert np.array_equal(passes, (m - band <= b) & (b <= band))
+    assert np.array_equal(fails, (b >= edge) | (b <= m - edge))
 
 
 def test_the_enumeration_agrees_with_a_seeded_simulation() -> None:
@@ -162,6 +178,6 @@ def test_the_rate_rule_is_symmetric_and_its_size_holds_at_every_n() -> None:
 def test_the_vectorised_bounds_are_the_scalar_ones() -> None:
     for n in (20, 197, 400):
         lower, upper = rate_bounds_array(np.arange(n + 1), n)
-        for k in range(0, n + 1, 3):
+        for k in range(0, n + 1, 11):
             assert lower[k] == pytest.approx(clopper_pearson_interval(k, n)[0], abs=1e-12)
             assert upper[k] == pytest.approx(wilson_interval(k, n)[1], abs=1e-12)
