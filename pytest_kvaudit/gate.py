@@ -92,12 +92,12 @@ def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
         if hasattr(config, "workerinput"):
             return gate  # the controller checked it
         ident = identity(sess, strict=True)
-        if gate.ledger is not None:
-            gate.recorded = L.read(gate.ledger)
-    except KvauditError as exc:
-        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run: {exc}") from None
-    except (OSError, ValueError) as exc:
+    except (KvauditError, OSError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    try:
+        gate.recorded = L.read(gate.ledger) if gate.ledger is not None else None
+    except (KvauditError, OSError, ValueError) as exc:
+        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run: {exc}") from None
     resolved = {"attn": gate.report.get("environment", {}).get("attn_implementation")}
     bad = mismatches(recorded_identity(gate.report), ident, resolved)
     if bad:

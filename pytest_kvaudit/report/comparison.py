@@ -132,7 +132,8 @@ def ledger_lines(ledger: Mapping[str, Any], diff_marks: bool = False) -> list[st
             out.append(f"  and {t['changed'] - NAMED} more in the JSON report")
         conts = t.get("continuations", [])
         if conts:
-            out.append(f"{_tag(kind or '')}{d} continuations: {t.get('continuations_changed', len(conts))} changed "
+            ckind = found.get(("continuations", d))
+            out.append(f"{_tag(ckind or '')}{d} continuations: {t.get('continuations_changed', len(conts))} changed "
                        "token for token where the trajectory held")
             for it in conts[:NAMED]:
                 out += _change(f"{it['item']}@{d} {it['construction']}", it, diff_marks)

@@ -32,6 +32,7 @@ DIRECTIONS: dict[str, tuple[str, ...]] = {
     "divergence": ("increase", "decrease", "change"),
     "labels": ("increase", "decrease", "change"),
     "trajectories": ("change",),
+    "continuations": ("change",),
     "verdicts": ("worse", "change"),
 }
 DEFAULT_RULES = "divergence:increase,labels:increase,trajectories:change,verdicts:worse"

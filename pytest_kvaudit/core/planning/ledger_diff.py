@@ -140,9 +140,14 @@ def findings(diff: Mapping[str, Any], rules: Rules) -> list[dict[str, Any]]:
                 out.append({"metric": metric, "dtype": d, "kind": kind, "was": m["was"], "now": m["now"],
                             "left": m["left"], "joined": m["joined"]})
         t = p["trajectories"]
-        # a continuation that moved is a token sequence that moved: judged by the trajectories rule
-        kind = rules.judge("trajectories", 0, t["changed"] + t.get("continuations_changed", 0))
+        kind = rules.judge("trajectories", 0, t["changed"])
         if kind is not None:
             out.append({"metric": "trajectories", "dtype": d, "kind": kind, "changed": t["changed"],
-                        "compared": t["compared"], "continuations_changed": t.get("continuations_changed", 0)})
+                        "compared": t["compared"]})
+        # a continuation that moved while its trajectory held: reported, failed only when a rule says so (one
+        # moving back onto the live suffix is less divergence, which the default rules call an improvement)
+        kind = rules.judge("continuations", 0, t.get("continuations_changed", 0))
+        if kind is not None:
+            out.append({"metric": "continuations", "dtype": d, "kind": kind, "changed": t["continuations_changed"],
+                        "compared": t["compared"]})
     return out
