@@ -24,7 +24,7 @@ from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.cost import ledger as L
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.planning.baseline import Rules, mismatches, recorded_identity
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings
+from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
 from pytest_kvaudit.report.comparison import comparable, gate_diff, load_baseline
 from pytest_kvaudit.session_report import identity
 from pytest_kvaudit.verdict_relay import GATE_PROP
@@ -45,6 +45,8 @@ class Gate:
     rules: Rules
     ledger: Path | None  # None: a report file with no ledger beside it (counts and verdicts only)
     notes: list[str] = field(default_factory=list)
+    #: the baseline's ledger, read and validated at configure (None: no ledger, or an xdist worker's gate)
+    recorded: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
@@ -77,7 +79,9 @@ def _ledger_beside(p: Path, name: Path) -> Path | None:
 
 
 def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
-    """Read and check the baseline at configure time (a usage error, one line a reason, when it cannot gate)."""
+    """Read and check the baseline at configure time, its ledger included, so that a baseline that cannot gate
+    this run (damaged, truncated, or recorded for another model, item set, n or settings) is a usage error
+    within seconds, one line a reason; ``--kvaudit-plan`` checks it as the run would."""
     if sess.baseline is None:
         return None
 
@@ -85,19 +89,24 @@ def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
         rules = Rules.parse(opt.value(config, opt.BASELINE_FAIL), opt.source(config, opt.BASELINE_FAIL))
         path = Path(sess.baseline)
         gate = Gate(path, load_baseline(path), rules, _ledger_beside(path, ledger_name(sess)))
-        if hasattr(config, "workerinput") or sess.plan_only:
-            return gate  # the controller checked it; a plan computes nothing to compare
+        if hasattr(config, "workerinput"):
+            return gate  # the controller checked it
         ident = identity(sess, strict=True)
     except (KvauditError, OSError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    bad = mismatches(recorded_identity(gate.report), ident)
+    try:
+        gate.recorded = L.read(gate.ledger) if gate.ledger is not None else None
+    except (KvauditError, OSError, ValueError) as exc:
+        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run: {exc}") from None
+    resolved = {"attn": gate.report.get("environment", {}).get("attn_implementation")}
+    bad = mismatches(recorded_identity(gate.report), ident, resolved)
     if bad:
         raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run (nothing computed):\n  "
-                                + "\n  ".join(bad) + "\nrecord a baseline with the same items and settings "
-                                "(--snapshot-update), or run with the baseline's")
+                                + "\n  ".join(bad) + "\nRecord a baseline with the same items and settings "
+                                "(--snapshot-update), or run with the baseline's items and settings.")
     if gate.ledger is None:
-        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(sess)}): verdicts compared, "
-                          "trajectories and divergent sets not")
+        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(sess)}), so verdicts are compared, "
+                          "and trajectories and divergent sets are not.")
     return gate
 
 
@@ -115,12 +124,12 @@ class BaselineItem(pytest.Item):
         store = sess.get_store()  # fails with the run's error; skips in a runner's shard
         current = L.build(store)
         if gate.ledger is None:
-            pytest.skip(gate.notes[-1] if gate.notes else "the baseline has no ledger: trajectories not compared")
+            pytest.skip(gate.notes[-1] if gate.notes else "The baseline has no ledger, so trajectories are not compared.")
         try:
-            recorded = L.read(gate.ledger)
+            recorded = gate.recorded if gate.recorded is not None else L.read(gate.ledger)
         except KvauditError as exc:
             pytest.fail(str(exc), pytrace=False)
-        diff = compare(recorded, current)
+        diff = with_text(compare(recorded, current), _decoder(store))
         found = findings(diff, gate.rules)
         result = {"rules": gate.rules.text(), "ledger": str(gate.ledger) if gate.ledger else None,
                   "weights_digest": {"baseline": gate.digest, "run": store.identity.get("weights_digest")},
@@ -141,6 +150,14 @@ class BaselineItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, NODE_NAME
+
+
+def _decoder(store: Any) -> Any:
+    """The run's tokenizer as ``decode(dtype, ids)``, for a diff's text; None where the engine has none."""
+    def decode(dtype: str, ids: list[int]) -> str:
+        return str(store.handle(dtype).tokenizer.decode(ids))
+
+    return decode if hasattr(store, "handle") else None
 
 
 class GateRegression(Exception):

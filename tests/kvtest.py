@@ -18,7 +18,9 @@ kvaudit_thresholds =
     replica_exactness.min_units=4
     matched_construction.min_units=4
     matched_construction.margin=1.0
+    matched_construction.min_each=0
     fixed_prefix_2x2.max_rate=0.5
+    fixed_prefix_2x2.min_recurring=1
     bridge_bitexact.min_units=4
     donor_following.min_units=1
 """

@@ -56,7 +56,8 @@ class DonorFollowing(Claim):
     title = "Transplant: all-layer K/V, both directions"
     thresholds = {
         "min_units": Threshold(10, "least divergent units per direction", "divergent units"),
-        "confidence": Threshold(0.95, "confidence of the Wilson interval"),
+        "confidence": Threshold(0.95, "two-sided confidence of the Wilson interval (its lower bound is one-sided "
+                                      "97.5%)"),
     }
     evidence = "min_units divergent units per direction, on a model whose cache is plain per-layer K/V"
 
@@ -70,7 +71,8 @@ class DonorFollowing(Claim):
         th = ev.thresholds
         rows = ev.eligible()
         unsupported = sorted({r.unsupported for r in rows if r.unsupported})
-        figs: dict[str, Any] = {"confidence": th["confidence"]}
+        figs: dict[str, Any] = {"confidence": th["confidence"],
+                                "bounds": "Wilson lower, one-sided 97.5% (the end of a two-sided 95% interval)"}
         bad, statuses, reasons, details = [], [], [], []
         n_all = k_all = 0
         chosen = donor_units(rows, ev.config.donor_max_units)
@@ -165,6 +167,6 @@ class DonorFollowing(Claim):
                            for d, ls in (df.get("differing_layers") or {}).items()) or "none"
         subsets = ", ".join(df.get("sufficient_subsets") or []) or "none"
         return section("transplant", self.title, table(
-            ["direction", "receivers following donor", "Wilson lower bound"], rows, "transplant")
+            ["direction", "receivers following donor", "Wilson lower bound (one-sided 97.5%)"], rows, "transplant")
             + f"<p>Layers that differ between the live and prefill states: {e(layers)}. Layer subsets sufficient "
               f"on every swept unit: {e(subsets)}.</p>")

@@ -14,6 +14,7 @@ and are reported as ``recurrence_excluded``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,8 +33,22 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
-from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.claims.power import units_for_rate
+from pytest_kvaudit.claims.stats import least_units_for_upper, rate_decision, wilson_interval
 from pytest_kvaudit.core.model.config import LOW_PRECISION
+
+
+def _rate_reason(status: str, k: int, n: int, lower: float, upper: float, max_rate: float, need: int | None,
+                 dis: list[Any]) -> str:
+    """The high precision's verdict in words, with the bound that decided it and its sidedness."""
+    if status == FAIL:
+        return (f"{k}/{n} decoded disagreements, one-sided 97.5% Clopper-Pearson lower bound {lower:.2%} > "
+                f"{max_rate:.0%}: {names(r.item_id for r in dis)}")
+    if status == PASS:
+        return f"{k}/{n} disagreements, one-sided 97.5% Wilson upper bound {upper:.2%} <= {max_rate:.0%}"
+    bound = f"one-sided 97.5% Wilson upper bound {upper:.2%}" if n else "no Wilson bound"
+    needs = f"needs {need} units at {k} disagreements" if need else "no number of units clears it"
+    return f"{k}/{n} disagreements, {bound} above {max_rate:.0%} and lower bound {lower:.2%} not above it: {needs}, has {n}"
 
 
 @register
@@ -46,11 +61,18 @@ class FixedPrefix2x2(Claim):
     (``fixed:replay``, ``fixed:prefill``) on those ids, also where its own trajectory was ineligible: the
     2x2 never reuses the matched run's cells, so what it reports is a second observation.
 
-    **High precision** (fp32): its unit is an item with the two fixed cells; it passes when the Wilson upper
-    bound of the share of units whose two suffixes differ is at most ``max_rate``, fails when the observed
-    share is above it, and is inconclusive otherwise, saying how many units it would need (the least n with
-    a Wilson upper bound at or below ``max_rate``: 189 at 0 disagreements and 2%).
+    **High precision** (fp32): its unit is an item with the two fixed cells; the rule is symmetric
+    (:func:`pytest_kvaudit.claims.stats.rate_decision`): it passes when the Wilson upper bound of the share of
+    units whose two suffixes differ is at most ``max_rate``, fails when the Clopper-Pearson lower bound is
+    above it, and is inconclusive otherwise, saying how many units it would need (the least n with a Wilson
+    upper bound at or below ``max_rate``: 189 at 0 disagreements and 2%). Both bounds are the ends of
+    two-sided 95% intervals, so each is a one-sided 97.5% bound, and each side's size is at most 2.5%
+    (``tests/claims/test_decision_rules.py``).
     Recurrence at each low precision: see the module's docstring.
+
+    Least evidence: at the high precision the units for the upper bound to clear ``max_rate`` (189 at 2%);
+    at each low precision ``min_recurring`` matched divergences (10, donor_following's divergent units: a
+    set equality seen on one divergence is no evidence that divergences recur).
     """
 
     name = "fixed_prefix_2x2"
@@ -60,8 +82,9 @@ class FixedPrefix2x2(Claim):
     title = "Fixed-prefix 2x2"
     thresholds = {
         "max_rate": Threshold(0.02, "the high precision's disagreement rate must stay at or below this", "rate"),
-        "confidence": Threshold(0.95, "confidence of the Wilson interval"),
-        "min_recurring": Threshold(1, "least matched divergences at each low precision for recurrence to be observed",
+        "confidence": Threshold(0.95, "two-sided confidence of the Wilson and Clopper-Pearson intervals (each "
+                                      "bound one-sided 97.5%)"),
+        "min_recurring": Threshold(10, "least matched divergences at each low precision for recurrence to be observed",
                                    "divergent units"),
     }
     evidence = ("a low and a high precision; at the high one, enough fixed-prefix units for the Wilson upper bound "
@@ -72,10 +95,17 @@ class FixedPrefix2x2(Claim):
         return {"units_per_high_precision": least_units_for_upper(thresholds["max_rate"], 0, thresholds["confidence"]),
                 "divergent_units_per_low_precision": int(thresholds["min_recurring"])}
 
+    def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
+        """Items for an 80% chance that the Wilson upper bound clears max_rate at the high precision's calibrated
+        divergence (the 2x2's cells mirror the matched ones), over the eligibility rate; none at max_rate."""
+        need = units_for_rate(rates.get("divergent_rate_high", 0.0), thresholds["max_rate"], thresholds["confidence"])
+        eligible = rates.get("eligible_items_per_precision", 1.0)
+        return {"fp32_upper_clears_max_rate": None if need is None or eligible <= 0 else math.ceil(need / eligible - 1e-9)}
+
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
         high = ",".join(d for d in f.get("n", {}) if d not in LOW_PRECISION)
-        return f"Wilson {f.get('confidence', 0.95):.0%} CI agree {high}".rstrip()
+        return f"Wilson upper / Clopper-Pearson lower, one-sided 97.5%, disagree {high}".rstrip()
 
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
@@ -125,25 +155,16 @@ class FixedPrefix2x2(Claim):
                                    f"({len(comp)} units with the same prefix ids)")
             else:
                 n, k = len(rows), len(dis)
-                lo, hi = wilson_interval(k, n, th["confidence"])
+                status, lower, hi = rate_decision(k, n, th["max_rate"], th["confidence"])
                 figs.setdefault("disagreement_upper", {})[d] = hi if n else None
-                rate = k / n if n else 0.0
+                figs.setdefault("disagreement_lower", {})[d] = lower if n else None
+                figs["bounds"] = "Wilson upper and Clopper-Pearson lower, each one-sided 97.5% (two-sided 95%)"
                 need = least_units_for_upper(th["max_rate"], k, th["confidence"])
                 figs.setdefault("units_needed", {})[d] = need
                 bad += [f"{r.item_id}@{d}" for r in dis]
                 details += [detail(r, "fixed:replay", r.fixed["replay"], "fixed:prefill", r.fixed["prefill"]) for r in dis]
-                if n and rate > th["max_rate"]:
-                    statuses.append(FAIL)
-                    reasons.append(f"{d}: {k}/{n} decoded disagreements ({rate:.1%} > {th['max_rate']:.0%}): "
-                                   f"{names(r.item_id for r in dis)}")
-                elif n and hi <= th["max_rate"]:
-                    statuses.append(PASS)
-                    reasons.append(f"{d}: {k}/{n} disagreements, Wilson upper {hi:.2%} <= {th['max_rate']:.0%}")
-                else:
-                    statuses.append(INCONCLUSIVE)
-                    upper = f"Wilson upper {hi:.2%}" if n else "no Wilson bound"
-                    needs = f"needs {need} units at {k} disagreements" if need else "no number of units clears it"
-                    reasons.append(f"{d}: {k}/{n} disagreements, {upper} above {th['max_rate']:.0%}: {needs}, has {n}")
+                statuses.append(status)
+                reasons.append(f"{d}: {_rate_reason(status, k, n, lower, hi, th['max_rate'], need, dis)}")
         if not low or not high:
             statuses.append(INCONCLUSIVE)
             reasons.append("the 2x2 needs a low (bf16/fp16) and a high (fp32) precision in --kvaudit-dtypes")
@@ -159,7 +180,7 @@ class FixedPrefix2x2(Claim):
             return result.reason
         parts = [f"{d}: {v}/{f['n'][d]} disagree" for d, v in f["disagreements"].items()]
         for d, hi in f.get("disagreement_upper", {}).items():
-            parts.append(f"{d} Wilson upper " + ("-" if hi is None else f"{hi:.2%}"))
+            parts.append(f"{d} one-sided 97.5% Wilson upper " + ("-" if hi is None else f"{hi:.2%}"))
         for d, (k, n) in f.get("recurrence", {}).items():
             excluded = f.get("recurrence_excluded", {}).get(d, 0)
             parts.append(f"{d} recurrence {k}/{n}" + (f" ({excluded} units on another prefix)" if excluded else ""))
@@ -179,5 +200,5 @@ class FixedPrefix2x2(Claim):
                  fx.get("recurrence_units", {}).get(d, "-"), fx.get("recurrence_excluded", {}).get(d, "-")]
                 for d in fx["disagreements"]]
         return section("2x2", f"{self.title} (prefix ids from {fx.get('prefix_from')})", table(
-            ["precision", "replay vs prefill disagreements", "Wilson upper bound", "recurrence of matched set",
+            ["precision", "replay vs prefill disagreements", "Wilson upper bound (one-sided 97.5%)", "recurrence of matched set",
              "units on the same prefix ids", "units on another prefix"], rows, "2x2"))

@@ -2,6 +2,10 @@
 
 The ledger is a syrupy snapshot (``snapshot.py``) under ``snapshots/<model-slug>/``: ``--snapshot-update``
 records it, a plain run audits against it. The claim's test hands syrupy's ``snapshot`` fixture over.
+
+Least evidence: every recorded unit the run can reach (a recorded unit of an item the run planned but never
+computed, a dead worker's, fails the claim), and at least ``min_units`` of them, the exactness claims' 12:
+one reproduced unit is no audit.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ class LedgerAudit(Claim):
     needs = ("trajectory", "replicas", "constructions", "fixed", "transplants")
     order = 50
     title = "Ledger audit"
-    thresholds = {"min_units": Threshold(1, "least units both recorded and run", "units")}
-    evidence = "a ledger recorded for this model and environment, and min_units units both recorded and run"
+    thresholds = {"min_units": Threshold(12, "least units both recorded and run (the exactness claims' 12)", "units")}
+    evidence = ("a ledger recorded for this model and environment, every recorded unit of the run's items computed, "
+                "and min_units units both recorded and run")
     inputs = ("snapshot",)
 
     def recorded_run(self, config: AuditConfig) -> Path | None:
@@ -113,6 +118,11 @@ class LedgerAudit(Claim):
             bad = [f"{u} ({', '.join(f[:3])}{'...' if len(f) > 3 else ''})" for u, f in a.mismatches.items()]
             return self.result(FAIL, a.units, a.reproduced, f"{len(bad)}/{a.units} units not reproduced: "
                                f"{'; '.join(bad[:6])}{' and more' if len(bad) > 6 else ''}", figs, bad)
+        unreached = sorted(u for u in recorded["units"] if u.rsplit("@", 1)[0] in set(missing))
+        if unreached:  # planned, never computed: not a pass
+            return self.result(FAIL, a.units, a.reproduced, f"{len(unreached)} recorded units were planned and never "
+                               f"computed (a worker died or the run was cut short): {', '.join(unreached[:6])}", figs,
+                               unreached)
         if a.units < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, a.units, a.reproduced,
                                f"{a.units} units both recorded and run, needs {int(ev.thresholds['min_units'])}", figs)

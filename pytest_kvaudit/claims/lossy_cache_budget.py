@@ -5,8 +5,10 @@ has is whether it changes answers. Each lossy kind (``--kvaudit-cache=quantized:
 exact dynamic cache on the same prefix ids and the same one-shot schedule, so the cache is the only
 difference (:func:`pytest_kvaudit.core.compute.probes.lossy_axis`). Per kind and precision it reports divergent
 suffixes, where they part (median, quartiles and every position), the exact cache's top-2 margin there
-(how near a tie the choice was) and label changes with a Wilson bound. It passes when that bound is within
-the budget, fails when the observed rate is above it, and is inconclusive in between or with no units.
+(how near a tie the choice was) and label changes with their bounds. The rule is symmetric
+(:func:`pytest_kvaudit.claims.stats.rate_decision`): it passes when the Wilson upper bound is within the budget,
+fails when the Clopper-Pearson lower bound is above it (each one-sided 97.5%), and is inconclusive in between or
+with no units.
 The offloaded kind moves K/V, it does not round them: it must equal the resident cache bit for bit, and is
 no audit at all off CUDA, which the result says.
 """
@@ -30,7 +32,7 @@ from pytest_kvaudit.claims.base import (
     register,
 )
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
-from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.claims.stats import least_units_for_upper, rate_decision, wilson_interval
 from pytest_kvaudit.core.model.cache_kinds import OFFLOADED, is_lossy
 from pytest_kvaudit.core.model.config import AuditConfig
 
@@ -100,16 +102,19 @@ class LossyCacheBudget(Claim):
         bad += [f"{i}@{dtype} ({kind}: label changed)" for i in changed]
         n, c = len(units), len(changed)
         low, high = wilson_interval(c, n) if n else (None, None)
+        verdict, lower, upper = rate_decision(c, n, budget)
         if n == 0:
             st, reason = INCONCLUSIVE, "no eligible unit with an extracted answer"
-        elif high is not None and high <= budget:
-            st, reason = PASS, f"label changes {c}/{n}, Wilson upper {high:.3f} <= budget {budget:g}"
-        elif c / n > budget:
-            st, reason = FAIL, f"label changes {c}/{n} = {c / n:.3f} > budget {budget:g} ({names(changed, 4)})"
+        elif verdict == PASS:
+            st, reason = PASS, f"label changes {c}/{n}, one-sided 97.5% Wilson upper {upper:.3f} <= budget {budget:g}"
+        elif verdict == FAIL:  # the exact lower bound: a rate at the budget fails no more than 2.5% of runs
+            st, reason = FAIL, (f"label changes {c}/{n}, one-sided 97.5% Clopper-Pearson lower {lower:.3f} > budget "
+                                f"{budget:g} ({names(changed, 4)})")
         else:
             need = least_units_for_upper(budget, c)
-            st, reason = INCONCLUSIVE, (f"label changes {c}/{n}, Wilson upper {high:.3f} > budget {budget:g}: "
-                                        f"needs {need if need else 'more'} units at {c} changes")
+            st, reason = INCONCLUSIVE, (f"label changes {c}/{n}, one-sided 97.5% Wilson upper {upper:.3f} > budget "
+                                        f"{budget:g} and lower {lower:.3f} not above it: needs "
+                                        f"{need if need else 'more'} units at {c} changes")
         eligible = [o for _, o in probes if o.get("eligible")]
         return {"status": st, "reason": reason, "n": n, "k": n - c, "lossy": True,
                 "divergent_suffixes": [len(moved), len(eligible)],

@@ -1,13 +1,30 @@
 """Intervals and tests for the claims, on scipy.stats wherever it has the method.
 
-From the paper's own counts these reproduce its figures: 0 of 200 gives a Wilson 95% upper bound of
-0.01885, and 200 paired labels with 11 right only on one side and 9 only on the other give a paired
-percentile-bootstrap 95% CI of (-0.035, +0.055) for the accuracy difference.
+Which rule decides what, and why (the size of each rule is proven in ``tests/claims/test_decision_rules.py``):
+
+- **A rate against a threshold** (fixed_prefix_2x2's FP32 rate, a lossy cache's label changes): PASS when the
+  Wilson upper bound is at or below it (the paper's 1.88% at 0/200), FAIL when the Clopper-Pearson lower bound
+  is above it. Both are the ends of a two-sided 95% interval, so each is a one-sided 97.5% bound. The lower end
+  is the exact one because Wilson's lower bound is too high at small rates: at a true 2% it is above 2% on
+  10% of runs of 27 units, Clopper-Pearson's never on more than 2.5%.
+- **"Accuracy moved"** (matched_construction's FAIL): the exact conditional McNemar test, a two-sided binomial
+  test of the discordant pairs at one half (``scipy.stats.binomtest``). Given the discordant count its size
+  is at most alpha whatever the table, so 4:0 (p = 0.125) is not a move.
+- **"Accuracy does not move"** (matched_construction's PASS): Tango's score interval for a paired difference of
+  proportions lies within ±margin (two one-sided tests at 2.5% each). Chosen over Newcombe's hybrid score
+  because it depends on the discordant counts alone (so its size is enumerated exactly), it keeps its width
+  when nothing is discordant (±z²/(n+z²): ±1.88 points at 0/200, ±16 points at 0/20, the Wilson bound of
+  the discordance itself), and its size at the margin stays below 2.5% from 20 to 400 pairs, where Newcombe's
+  with continuity correction reaches 5.9% (100 pairs, discordance at the margin) and the percentile bootstrap
+  fails every k:0 table with k >= 4.
+
+From the paper's own counts (200 pairs, 11 right only live, 9 only prefill) the paired percentile bootstrap
+gives its CI of (-0.035, +0.055); Tango's interval on the same counts is (-0.036, +0.057), inside ±6 points,
+and McNemar's p is 0.82: the paper's verdict, equivalence.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +41,12 @@ def _scipy() -> tuple[Any, Any]:
 def _check(k: int, n: int) -> None:
     if n < 0 or k < 0 or k > n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+
+
+def z_two_sided(confidence: float) -> float:
+    """The normal quantile of a two-sided interval at ``confidence`` (1.96 at 95%)."""
+    _, stats = _scipy()
+    return float(stats.norm.ppf(1 - (1 - confidence) / 2))
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -56,20 +79,6 @@ def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95,
     return hi
 
 
-def paired_units_for_margin(margin: float, discordance: float, confidence: float = 0.95) -> int | None:
-    """The least n of paired 0/1 outcomes at which the accuracy difference's CI lies within ``±margin``, when a
-    share ``discordance`` of pairs disagree (half each way, the difference 0): the normal approximation to the
-    paired bootstrap's half-width, z sqrt(discordance / n), which the bootstrap tracks at these n. 1 when no pair
-    disagrees (the interval is a point); None for a margin of 0 that some disagreement can never meet."""
-    if discordance <= 0:
-        return 1
-    if margin <= 0:
-        return None
-    _, stats = _scipy()
-    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
-    return max(1, math.ceil(z * z * discordance / (margin * margin) - 1e-9))
-
-
 def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Exact (Clopper-Pearson) interval for a proportion."""
     _check(k, n)
@@ -80,22 +89,12 @@ def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[
     return (float(ci.low), float(ci.high))
 
 
-def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
-    """Two-sided exact McNemar p-value for paired 0/1 outcomes (a binomial test on the discordant pairs)."""
-    if len(a) != len(b):
-        raise ValueError("paired samples must have equal length")
-    only_a = sum(1 for x, y in zip(a, b) if x and not y)
-    only_b = sum(1 for x, y in zip(a, b) if y and not x)
-    if only_a + only_b == 0:
-        return 1.0
-    _, stats = _scipy()
-    return float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
-
-
 def paired_bootstrap_ci(
     a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of mean(a) - mean(b) over paired units, resampling the pairs.
+    """Percentile bootstrap CI of mean(a) - mean(b) over paired units, resampling the pairs: the paper's
+    method, reported beside the decision and never deciding (it has no width at zero discordance and fails
+    chance k:0 tables).
 
     scipy.stats.bootstrap draws the resamples (``paired=True``); degenerate samples (every pair has the
     same difference) have a zero-width interval at that difference.
@@ -121,3 +120,99 @@ def paired_bootstrap_ci(
         rng=np.random.default_rng(seed),
     )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Two-sided exact conditional McNemar p-value for paired 0/1 outcomes (:func:`mcnemar_counts`)."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have equal length")
+    return mcnemar_counts(sum(1 for x, y in zip(a, b) if x and not y), sum(1 for x, y in zip(a, b) if y and not x))
+
+
+def mcnemar_counts(only_a: int, only_b: int) -> float:
+    """Two-sided exact conditional McNemar p-value from the discordant counts: the binomial test of ``only_a``
+    of ``only_a + only_b`` at one half (``scipy.stats.binomtest``); 1 with nothing discordant."""
+    _check(only_a, only_a + only_b)
+    if only_a + only_b == 0:
+        return 1.0
+    _, stats = _scipy()
+    return float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+
+
+def mcnemar_p_array(b: Any, m: Any) -> Any:
+    """:func:`mcnemar_counts` over arrays of ``b`` of ``m`` discordant pairs (the enumerations of the proofs and
+    the power): at one half the binomial is symmetric, so the two-sided p is twice the smaller tail, at most 1."""
+    np, stats = _scipy()
+    b, m = np.asarray(b), np.asarray(m)
+    p = np.minimum(1.0, 2 * np.minimum(stats.binom.cdf(b, m, 0.5), stats.binom.sf(b - 1, m, 0.5)))
+    return np.where(m > 0, p, 1.0)
+
+
+def _tango_z(b: Any, c: Any, n: Any, delta: Any) -> Any:
+    """Tango's score statistic for H0: p_a - p_b = delta, with the constrained maximum-likelihood estimate of
+    the ``c`` cell's probability (Tango 1998, Statistics in Medicine 17:891); at delta = 0 it is McNemar's z."""
+    np, _ = _scipy()
+    w = -b - c + (2 * n - b + c) * delta
+    q = (-w + np.sqrt(np.maximum(w * w + 8 * n * c * delta * (1 - delta), 0.0))) / (4 * n)
+    var = n * (2 * q + delta * (1 - delta))
+    return (b - c - n * delta) / np.sqrt(np.maximum(var, 1e-300))
+
+
+def tango_array(b: Any, c: Any, n: Any, confidence: float = 0.95) -> tuple[Any, Any]:
+    """Tango's score interval for a paired difference of proportions, ``(b - c) / n`` where ``b`` pairs are
+    right only on the first side and ``c`` only on the second, over arrays: the deltas where the score
+    statistic crosses ±z, found by bisection (it falls as delta grows; 46 halvings reach 3e-14)."""
+    np, _ = _scipy()
+    b, c, n = (np.asarray(x, dtype=float) for x in (b, c, n))
+    z = z_two_sided(confidence)
+    ends = []
+    for target in (z, -z):
+        lo = np.full(np.broadcast(b, c, n).shape, -1.0 + 1e-12)
+        hi = np.full_like(lo, 1.0 - 1e-12)
+        for _ in range(46):
+            mid = (lo + hi) / 2
+            above = _tango_z(b, c, n, mid) > target
+            lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+        ends.append((lo + hi) / 2)
+    return ends[0], ends[1]
+
+
+def tango_interval(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """:func:`tango_array` for one table; (-1, 1) with no pairs. 4:0 of 197 gives (+0.0008, +0.0510)."""
+    _check(b + c, n)
+    if n == 0:
+        return (-1.0, 1.0)
+    lo, hi = tango_array(b, c, n, confidence)
+    return (max(-1.0, float(lo)), min(1.0, float(hi)))
+
+
+def rate_bounds_array(k: Any, n: int, confidence: float = 0.95) -> tuple[Any, Any]:
+    """(Clopper-Pearson lower, Wilson upper) over an array of counts ``k`` of ``n``: the two bounds the rate
+    rule reads, vectorised for the enumerations (equal to :func:`clopper_pearson_interval` and
+    :func:`wilson_interval`, tested)."""
+    np, stats = _scipy()
+    k = np.asarray(k, dtype=float)
+    a = 1 - confidence
+    z = z_two_sided(confidence)
+    p = k / n
+    upper = (p + z * z / (2 * n) + z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
+    lower = np.where(k > 0, stats.beta.ppf(a / 2, np.maximum(k, 1), n - k + 1), 0.0)
+    return lower, np.minimum(upper, 1.0)
+
+
+def rate_decision_array(k: Any, n: int, threshold: float, confidence: float = 0.95) -> tuple[Any, Any]:
+    """(passes, fails) of the rate rule over an array of counts ``k`` of ``n`` (:func:`rate_decision`)."""
+    lower, upper = rate_bounds_array(k, n, confidence)
+    return upper <= threshold, lower > threshold
+
+
+def rate_decision(k: int, n: int, threshold: float, confidence: float = 0.95) -> tuple[str, float, float]:
+    """A rate against a threshold, symmetric: "pass" when the Wilson upper bound is at or below it, "fail" when
+    the Clopper-Pearson lower bound is above it, else "inconclusive"; with the two bounds (one-sided
+    ``1 - (1 - confidence) / 2`` each: 97.5% at 95%). Nothing judged is inconclusive."""
+    _check(k, n)
+    if n == 0:
+        return ("inconclusive", 0.0, 1.0)
+    lower, upper = (float(x) for x in rate_bounds_array(k, n, confidence))
+    passes, fails = upper <= threshold, lower > threshold
+    return ("pass" if passes else "fail" if fails else "inconclusive", lower, upper)

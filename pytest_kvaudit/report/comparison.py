@@ -127,9 +127,18 @@ def ledger_lines(ledger: Mapping[str, Any], diff_marks: bool = False) -> list[st
             if it["position"] is None:
                 out.append(f"  {it['item']}@{d}: {it.get('why', 'prompt ids differ')}")
             else:
-                out.append(f"  {it['item']}@{d} from token {it['position']}: - {_tok(it['was'])}  + {_tok(it['now'])}")
+                out += _change(f"{it['item']}@{d}", it, diff_marks)
         if len(t["items"]) > NAMED:
             out.append(f"  and {t['changed'] - NAMED} more in the JSON report")
+        conts = t.get("continuations", [])
+        if conts:
+            ckind = found.get(("continuations", d))
+            out.append(f"{_tag(ckind or '')}{d} continuations: {t.get('continuations_changed', len(conts))} changed "
+                       "token for token where the trajectory held")
+            for it in conts[:NAMED]:
+                out += _change(f"{it['item']}@{d} {it['construction']}", it, diff_marks)
+            if len(conts) > NAMED:
+                out.append(f"  and {t.get('continuations_changed', len(conts)) - NAMED} more in the JSON report")
     if ledger.get("environment"):
         out.append("note: recorded in another environment (" + "; ".join(ledger["environment"][:3])
                    + "): bits, and with them trajectories, may move without the checkpoint")
@@ -140,10 +149,25 @@ def _tok(x: Any) -> str:
     return "(end)" if x is None else str(x)
 
 
+def _change(where: str, it: Mapping[str, Any], diff_marks: bool) -> list[str]:
+    """One moved token sequence: the first differing token's ids, then each side's text around it with its ids
+    beside it (where the run's tokenizer decoded them)."""
+    head = f"  {where} from token {it['position']}: baseline id {_tok(it['was'])}, this run id {_tok(it['now'])}"
+    if "was_text" not in it:
+        return [head]
+    was, now = ("-", "+") if diff_marks else ("baseline:", "this run:")
+    return [head, f"    {was} {it['was_text']!r} (ids {' '.join(map(str, it.get('was_ids', [])))})",
+            f"    {now} {it['now_text']!r} (ids {' '.join(map(str, it.get('now_ids', [])))})"]
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
     """The terminal's "changes from the baseline" section."""
-    out = [f"rules: {cmp.get('rules', '-')}; {cmp.get('regressions', 0)} regressions, "
-           f"{cmp.get('improvements', 0)} improvements"]
+    out = [f"Rules {cmp.get('rules', '-')}: {_count(cmp.get('regressions', 0), 'regression')} and "
+           f"{_count(cmp.get('improvements', 0), 'improvement')}."]
     for ch in cmp["changes"]:
         if ch["kind"] == "rate":
             (k0, n0), (k1, n1) = ch["was"], ch["now"]
@@ -159,9 +183,9 @@ def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
     if "ledger" in cmp:
         out += ledger_lines(cmp["ledger"])
     else:
-        out.append("trajectories not compared: the kvaudit::baseline test did not run")
-    if not cmp["changes"] and not (cmp.get("ledger") or {}).get("findings"):
-        out.append("no change from the baseline")
+        out.append("Trajectories were not compared, because the kvaudit::baseline test did not run.")
+    if not cmp["changes"] and not (cmp.get("ledger") or {}).get("findings") and "ledger" in cmp:
+        out.append("No change from the baseline.")
     return out
 
 

@@ -48,6 +48,8 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
              f"{e(m.get('num_layers'))} layers, weights <code>{e(str(m.get('weights_digest', ''))[:23])}</code>). "
              f"Items: {e(it.get('eligible'))}/{e(it.get('total'))} eligible; ineligible: "
              f"{e(it.get('ineligible') or 'none')}.</p>"]
+    if "baseline" in report:
+        parts.append(gate_banner(report["baseline"]))
     rows = []
     names = ordered(report) if claims else []
     for name in names:
@@ -96,6 +98,16 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
     return "\n".join(parts)
 
 
+def gate_banner(cmp: Mapping[str, Any]) -> str:
+    """The gate's result first, in a sentence: regressions fail it, and a ledger never compared is said."""
+    n, m = int(cmp.get("regressions") or 0), int(cmp.get("improvements") or 0)
+    verdict = (f"<span class='fail'>FAILED</span>: {n} regression{'s' * (n != 1)}" if n
+               else "<span class='pass'>PASSED</span>: no regression")
+    led = "" if cmp.get("ledger") else " Trajectories were not compared, because the kvaudit::baseline test did not run."
+    return (f"<p id='gate'><strong>Gate against the baseline <code>{e(cmp.get('path'))}</code>: {verdict}, "
+            f"{m} improvement{'s' * (m != 1)}.</strong>{led} <a href='#baseline'>Details</a>.</p>")
+
+
 def baseline_section(cmp: Mapping[str, Any]) -> str:
     """The gate side by side: each claim's verdict and k/n in the baseline and in this run, then per precision
     the divergent suffixes, label changes and trajectories that moved, naming the items."""
@@ -108,11 +120,11 @@ def baseline_section(cmp: Mapping[str, Any]) -> str:
             for n, r in cmp.get("claims", {}).items()]
     out = [f"<h2 id='baseline'>Against the baseline</h2><p>Baseline <code>{e(cmp.get('path'))}</code> (weights "
            f"<code>{e(str(cmp.get('model_was'))[:23])}</code>), rules <code>{e(cmp.get('rules'))}</code>: "
-           f"{e(cmp.get('regressions'))} regressions, {e(cmp.get('improvements'))} improvements.</p>",
+           f"{_count(cmp.get('regressions'), 'regression')} and {_count(cmp.get('improvements'), 'improvement')}.</p>",
            table(["claim", "baseline", "this run", "change"], rows, "baseline")]
     led = cmp.get("ledger")
     if not led:
-        out.append("<p>Trajectories not compared: the <code>kvaudit::baseline</code> test did not run.</p>")
+        out.append("<p>Trajectories were not compared, because the <code>kvaudit::baseline</code> test did not run.</p>")
         return "\n".join(out)
     found = {(f["metric"], f["dtype"]): f["kind"] for f in led.get("findings", [])}
     prow = []
@@ -136,3 +148,8 @@ def write(report: Mapping[str, Any], path: Path, sections: Mapping[str, str | No
 
 if __name__ == "__main__":
     write(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
+
+
+def _count(n: Any, word: str) -> str:
+    k = int(n or 0)
+    return f"{k} {word}{'s' * (k != 1)}"

@@ -189,10 +189,17 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
         return []
     need = {w: r.get("needs") for w, r in (c.get("needs") or {}).items()}
     by = ", ".join(f"{w}{f' {need[w]}' if w in need else ''} -> {'never' if v is None else v}" for w, v in st["by"].items())
+    chance = f"an {st.get('chance', 0.8):.0%} chance to pass under --kvaudit-strict"
+    lo, hi = (st.get("range") or [None, None])[:2]
+    span = ("" if lo is None or (lo == hi == st.get("n")) else
+            f"; {lo} to {'no n' if hi is None else hi} items over the calibrated rates' 95% intervals")
+    if st.get("n") is None and st.get("at_least") is not None:
+        return [f"{'':<22} strict n: unknown, at least {st['at_least']} items ({by}): the calibration saw nothing "
+                f"to estimate a rate from, so {chance} needs a larger calibration or a run."]
     if st.get("n") is None:
-        return [f"{'':<22} strict n: none reaches it at these rates ({by}): --kvaudit-strict fails it"]
-    warn = f"; WARNING: this run has n={items}, --kvaudit-strict fails it" if items < st["n"] else ""
-    return [f"{'':<22} strict n: {st['n']} items ({by}){warn}"]
+        return [f"{'':<22} strict n: no n reaches it at these rates ({by}), so --kvaudit-strict fails it."]
+    warn = f"; WARNING: this run has n={items}, so --kvaudit-strict is likely to fail it" if items < st["n"] else ""
+    return [f"{'':<22} strict n: {st['n']} items ({by}) for {chance}{span}{warn}."]
 
 
 def compare_lines(cmp: Mapping[str, Any]) -> list[str]:

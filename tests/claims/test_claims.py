@@ -22,7 +22,7 @@ def test_least_units_for_a_wilson_upper_bound() -> None:
 def test_every_claim_says_what_it_needs() -> None:
     needs = {c.name: least_units(c) for c in registered()}
     assert "layer_sweep" not in needs  # an analysis now, not a claim
-    assert needs["fixed_prefix_2x2"] == {"units_per_high_precision": 189, "divergent_units_per_low_precision": 1}
+    assert needs["fixed_prefix_2x2"] == {"units_per_high_precision": 189, "divergent_units_per_low_precision": 10}
     assert least_units("fixed_prefix_2x2", {"max_rate": 0.5})["units_per_high_precision"] == 4
     assert needs["matched_construction"] == {"eligible_items_per_precision": 20, "label_rate": 0.8}
     assert needs["replica_exactness"] == {"replica_pairs": 12}

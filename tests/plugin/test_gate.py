@@ -17,9 +17,10 @@ import pytest
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR
 from pytest_kvaudit.core.planning.baseline import Rules, mismatches
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings
+from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
 from pytest_kvaudit.report.comparison import compare as compare_reports
-from pytest_kvaudit.report.comparison import compare_lines
+from pytest_kvaudit.report.comparison import compare_lines, ledger_lines
+from pytest_kvaudit.report.html import gate_banner
 
 N = "--kvaudit-n=8"
 BF16 = "--kvaudit-dtypes=bf16"
@@ -53,11 +54,53 @@ def test_a_changed_divergent_set_at_an_equal_count_is_named() -> None:
     now = {"units": {"sum-004@bf16": unit("1 2", "1 2"), "sum-009@bf16": unit("1 2", "1 4", generated="1 2 7")}}
     diff = compare(was, now)["bf16"]
     assert diff["divergence"] == {"was": [1, 2], "now": [1, 2], "left": ["sum-004"], "joined": ["sum-009"]}
-    assert diff["trajectories"]["items"] == [{"item": "sum-009", "position": 2, "was": 3, "now": 7}]
+    assert diff["trajectories"]["items"] == [{"item": "sum-009", "position": 2, "was": 3, "now": 7,
+                                              "was_ids": [1, 2, 3], "now_ids": [1, 2, 7]}]
     found = {f["metric"]: f["kind"] for f in findings(compare(was, now), Rules.parse(None))}
-    assert found == {"divergence": "change", "trajectories": "regression"}
+    # sum-004's prefill continuation moved while its trajectory held: reported as a change
+    assert found == {"divergence": "change", "trajectories": "regression", "continuations": "change"}
     found = {f["metric"]: f["kind"] for f in findings(compare(was, now), Rules.parse("divergence:change"))}
-    assert found == {"divergence": "regression", "trajectories": "change"}  # a rule not named reports only
+    assert found == {"divergence": "regression", "trajectories": "change",
+                     "continuations": "change"}  # a rule not named reports only
+
+
+def test_a_continuation_that_moves_while_its_item_stays_divergent_is_reported() -> None:
+    was = {"units": {"sum-004@bf16": unit("1 2", "1 3 5")}}
+    now = {"units": {"sum-004@bf16": unit("1 2", "1 3 6")}}  # still divergent, same count, same trajectory
+    diff = compare(was, now)
+    t = diff["bf16"]["trajectories"]
+    assert t["changed"] == 0 and t["continuations_changed"] == 1
+    assert t["continuations"][0] | {"was_ids": None, "now_ids": None} == {
+        "item": "sum-004", "construction": "prefill", "position": 2, "was": 5, "now": 6, "was_ids": None, "now_ids": None}
+    found = findings(diff, Rules.parse(None))
+    assert [(f["metric"], f["kind"], f["changed"]) for f in found] == [("continuations", "change", 1)]  # reported
+    failing = findings(diff, Rules.parse("continuations:change"))
+    assert [(f["metric"], f["kind"]) for f in failing] == [("continuations", "regression")]  # when asked for
+    text = with_text(diff, lambda d, ids: "".join(chr(ord("a") + i) for i in ids))
+    lines = ledger_lines({"precisions": text, "findings": failing})
+    assert "REGRESSION bf16 continuations: 1 changed token for token where the trajectory held" in lines
+    assert "  sum-004@bf16 prefill from token 2: baseline id 5, this run id 6" in lines
+    assert "    baseline: 'bdf' (ids 1 3 5)" in lines and "    this run: 'bdg' (ids 1 3 6)" in lines
+
+
+def test_an_unset_setting_is_its_default() -> None:
+    base = {"model": {}, "items": {}, "settings": {"threads": None, "attn": None}}
+    run_ = {"model": {}, "items": {}, "settings": {"threads": 1, "attn": "sdpa"}}
+    assert mismatches(base, run_, {"attn": "sdpa"}) == []  # the baseline's attention resolved to sdpa
+    assert mismatches(base, run_, {"attn": "eager"}) == ["settings.attn: baseline None, this run 'sdpa'"]
+    run_["settings"]["threads"] = 2
+    assert [m.split(":")[0] for m in mismatches(base, run_, {"attn": "sdpa"})] == ["settings.threads"]
+
+
+def test_the_gates_sentences_are_whole_and_counted_in_the_singular() -> None:
+    base = report({"bridge_bitexact": ("inconclusive", 4, {})})
+    now = report({"bridge_bitexact": ("pass", 12, {})})
+    lines = compare_lines(compare_reports(base, now, Rules.parse(None)))
+    assert lines[0].endswith(": 0 regressions and 1 improvement.")
+    assert "Trajectories were not compared, because the kvaudit::baseline test did not run." in lines
+    assert not any(line == "No change from the baseline." for line in lines)  # nothing was compared to say so
+    banner = gate_banner({"path": "b", "regressions": 1, "improvements": 1, "ledger": {}})
+    assert "FAILED</span>: 1 regression, 1 improvement." in banner
 
 
 def test_identity_mismatches_name_the_field_and_leave_the_weights_out() -> None:
@@ -136,10 +179,13 @@ def test_a_checkpoint_perturbed_by_1e_3_in_one_layer_fails_kvaudit_baseline_unde
     assert traj["changed"] > 0 and traj["compared"] == 8
     assert {"metric": "trajectories", "dtype": "bf16", "kind": "regression", "changed": traj["changed"],
             "compared": 8} in data["ledger"]["findings"]
+    assert traj["continuations_changed"] == 0  # every moved item's trajectory moved: counted there, not twice
     assert data["ledger"]["weights_digest"]["baseline"] != data["ledger"]["weights_digest"]["run"]
     first = traj["items"][0]
     # the diff names the item, the precision and the first differing token, as syrupy shows a snapshot's
-    assert f"{first['item']}@bf16 from token {first['position']}: - {first['was']}  + {first['now']}" in out
+    assert (f"{first['item']}@bf16 from token {first['position']}: baseline id {first['was']}, this run id "
+            f"{first['now']}") in out
+    assert "    - '" in out and "    + '" in out and first["was_text"]  # each side as text, its ids beside it
     assert f"REGRESSION bf16 trajectories: {traj['changed']}/8 changed token for token" in out
 
 
@@ -167,12 +213,15 @@ def test_less_divergence_is_an_improvement_more_is_a_failed_test(recorded: Path,
     assert ok.returncode == 0, ok.stdout[-4000:]
     assert "improvement bf16 divergent suffixes (live vs prefill): " in ok.stdout
     assert "bf16 trajectories: 0/8 changed token for token" in ok.stdout
-    assert "ledger_audit" not in ok.stdout.split("changes from the baseline")[1]  # its ledger's presence only
+    # the edited prefill continuation is a continuation that moved: reported, not failed by default
+    assert "bf16 continuations: 1 changed token for token where the trajectory held" in ok.stdout
+    changes = ok.stdout.split("changes from the baseline")[1].split("short test summary")[0]
+    assert "ledger_audit" not in changes  # its ledger's presence only
     cmp = json.loads(rep.read_text())["baseline"]
     assert cmp["regressions"] == 0 and cmp["improvements"] == 1
     assert cmp["claims"]["ledger_audit"] == {"was": {"status": "inconclusive", "n": 0, "k": 0},
                                              "now": cmp["claims"]["ledger_audit"]["now"], "kind": "not_compared"}
-    assert cmp["claims"]["ledger_audit"]["now"]["status"] == "pass"
+    assert cmp["claims"]["ledger_audit"]["now"]["status"] == "inconclusive"  # 8 units reproduced, fewer than 12
     fewer = edit_ledger(base, tmp_path / "baseline-fewer", divergent=False)
     bad = run(tmp_path, f"--kvaudit-model={recorded / 'step-1000'}", N, BF16, f"--kvaudit-baseline={fewer}",
               f"--kvaudit-html={tmp_path / 'r.html'}")
@@ -181,6 +230,36 @@ def test_less_divergence_is_an_improvement_more_is_a_failed_test(recorded: Path,
     assert "REGRESSION bf16 divergent suffixes (live vs prefill): " in bad.stdout
     html = (tmp_path / "r.html").read_text()
     assert "Against the baseline" in html and "<span class='fail'>regression</span>" in html
+    assert html.index("id='gate'") < html.index("id='claims'") and "Gate against the baseline" in html and "FAILED</span>: " in html
+
+
+def test_a_truncated_ledger_is_refused_at_configure_within_seconds(recorded: Path, pytester: pytest.Pytester) -> None:
+    base = pytester.path / "baseline"
+    shutil.copytree(recorded / "snapshots" / "step-1000", base)
+    ledger = base / LEDGER
+    ledger.write_text(ledger.read_text()[: len(ledger.read_text()) // 2])  # its report.json intact
+    t = time.perf_counter()
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={recorded / 'step-1000'}", "--kvaudit-claims=all", BF16, N,
+                                        f"--kvaudit-baseline={base}")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR and time.perf_counter() - t < 60
+    res.stderr.fnmatch_lines([f"ERROR: --kvaudit-baseline={base} cannot gate this run: *test_ledger_audit.json*"])
+    assert res.stderr.str().count("cannot gate this run") == 1  # said once
+
+
+@pytest.mark.slow  # the plan calibrates on the model
+def test_the_plan_checks_the_baseline_and_stated_defaults_gate_as_unset_ones(recorded: Path,
+                                                                              pytester: pytest.Pytester) -> None:
+    base = recorded / "snapshots" / "step-1000"
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={recorded / 'step-1000'}", BF16, "--kvaudit-n=12",
+                                        "--kvaudit-plan", f"--kvaudit-baseline={base}")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["  n (items): baseline 8, this run 12 (--kvaudit-n)"])
+    # the README's advice, pinning the threads and the attention, against a baseline that left them unset
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={recorded / 'step-1000'}", BF16, N, "--kvaudit-plan",
+                                        "--kvaudit-threads=1", "--kvaudit-attn=sdpa", f"--kvaudit-baseline={base}")
+    # checked as above, and accepted: nothing here to plan (no claim collected), no refusal
+    assert res.ret == pytest.ExitCode.NO_TESTS_COLLECTED, res.stdout.str()[-3000:] + res.stderr.str()[-2000:]
+    assert "cannot gate" not in res.stderr.str()
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -5,16 +5,21 @@ run, and what n a strict gate needs of each claim."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from kvtest import run, setup_suite
-from pytest_kvaudit.claims import Claim, least_units
-from pytest_kvaudit.claims.stats import least_units_for_upper, paired_bootstrap_ci, paired_units_for_margin
-from pytest_kvaudit.core.cost.evidence import NOT_APPLICABLE, decides, rates, strict_n
+from pytest_kvaudit.claims import Claim, get, least_units
+from pytest_kvaudit.claims.power import units_for_equivalence
+from pytest_kvaudit.claims.stats import least_units_for_upper
+from pytest_kvaudit.core.cost.chance import count_chance
+from pytest_kvaudit.core.cost.evidence import NOT_APPLICABLE, decides, rates, strict_n, strict_plan
+from pytest_kvaudit.core.cost.pricing import Lengths
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.pipeline import computes, constructions, work_of
+from pytest_kvaudit.report.terminal import strict_lines
 
 LIVE_VS_PREFILL = '''
 import pytest
@@ -102,17 +107,35 @@ def test_the_strict_n_comes_from_each_claims_own_least_evidence() -> None:
     assert strict_n({"divergent_units_per_direction": 10}, per_item, caps={"divergent_units_per_direction": 4})["n"] is None
 
 
-def test_the_matched_claims_strict_n_is_where_its_ci_fits_the_margin() -> None:
-    n = paired_units_for_margin(0.06, 0.2)
-    assert n is not None
-    k = round(0.2 * n)  # discordant pairs, half each way: the difference is 0
-    a = [1] * (k // 2) + [0] * (k - k // 2) + [1] * (n - k)
-    b = [0] * (k // 2) + [1] * (k - k // 2) + [1] * (n - k)
-    lo, hi = paired_bootstrap_ci(a, b)
-    assert hi - lo <= 2 * 0.06 * 1.1  # the bootstrap's width at that n is the margin's, to its resampling
-    m = paired_units_for_margin(0.06, 0.2 * 0.5)
-    assert m is not None and m < n  # fewer disagreements, a narrower interval
-    assert paired_units_for_margin(0.06, 0.0) == 1
+def sample_of(divergent: dict[str, int], n: int = 8) -> dict[str, list[Lengths]]:
+    return {d: [Lengths(10, 5, 5, True, i < k) for i in range(n)] for d, k in divergent.items()}
+
+
+def test_a_calibration_that_saw_no_divergence_says_unknown_at_least_not_fails() -> None:
+    # SmolLM2's plan: 8 calibration items, none divergent; the run then saw 25/197 (issue 37)
+    cfg = AuditConfig(dtypes=("bf16", "fp32"))
+    th = get("fixed_prefix_2x2").resolve(cfg)
+    fixed = strict_plan(least_units("fixed_prefix_2x2"), sample_of({"bf16": 0, "fp32": 0}), cfg,
+                        partial(get("fixed_prefix_2x2").strict_needs, th))
+    assert fixed["n"] is None and fixed["at_least"] is not None and fixed["at_least"] >= 189
+    donor = strict_plan(least_units("donor_following"), sample_of({"bf16": 0, "fp32": 0}), cfg)
+    assert donor["n"] is None and donor["at_least"] is not None and 10 <= donor["at_least"] < 200
+    lines = strict_lines({"decides": "yes", "needs": {}, "strict": donor}, 200)
+    assert "unknown, at least" in lines[0] and "fails" not in lines[0]
+
+
+def test_the_strict_n_is_an_80_percent_chance_with_its_range() -> None:
+    cfg = AuditConfig(dtypes=("bf16", "fp32"))
+    mc = get("matched_construction")
+    sample = sample_of({"bf16": 25, "fp32": 0}, 197)  # SmolLM2's measured rates
+    plan = strict_plan(least_units(mc), sample, cfg, partial(mc.strict_needs, mc.resolve(cfg)))
+    lo, hi = plan["range"]
+    assert plan["n"] == units_for_equivalence(25 / 197, 0.06) and lo is not None and hi is not None
+    assert lo < plan["n"] < hi  # the interval of 25/197 spans 8.7% to 18%: fewer and more items
+    # a recurrence needs 10 divergent units: at 25/197 per item, the items for an 80% chance of 10
+    fixed = strict_plan({"divergent_units_per_low_precision": 10}, sample, cfg)
+    n = fixed["n"]
+    assert n is not None and count_chance(n, 25 / 197, 10) >= 0.8 > count_chance(n - 1, 25 / 197, 10)
 
 
 def test_a_user_claim_alone_computes_only_what_it_reads(pytester: pytest.Pytester, tiny_llama: Path) -> None:
@@ -159,8 +182,10 @@ def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: 
     assert claims["test_plain"]["decides"] == "not declared" and plan["work"] is None
     fixed = claims["fixed_prefix_2x2"]["strict"]
     assert fixed["by"]["units_per_high_precision"] >= least_units_for_upper(0.02)  # over the eligibility rate
-    res.stdout.fnmatch_lines(["*strict n: 20 items (eligible_items_per_precision 20 -> 20, *); WARNING: this run has n=8*",
-                              "*strict n: 6 items (items_x_precisions 12 -> 6)",
+    res.stdout.fnmatch_lines(["*strict n: * items (eligible_items_per_precision 20 -> 20, accuracy_ci_within_margin -> *) "
+                              "for an 80% chance to pass under --kvaudit-strict; *; WARNING: this run has n=8*",
+                              "*strict n: unknown, at least 189 items (*): the calibration saw nothing to estimate*",
+                              "*strict n: 6 items (items_x_precisions 12 -> 6) for an 80% chance to pass*",
                               "lossy_cache_budget*decides: not applicable*",
                               "live_prefill_labels*decides:*"])
 

@@ -1,6 +1,13 @@
 """What a run will have of each kind of evidence, set against what its claims need: whether each claim can
-decide (``decides``), and what n a strict gate needs of it (``strict_n``). The plan's verdict columns
-(:mod:`pytest_kvaudit.core.planning.plan`); no pytest, no torch."""
+decide (``decides``), and what n a strict gate needs of it (``strict_n``, :func:`strict_plan`). The plan's
+verdict columns (:mod:`pytest_kvaudit.core.planning.plan`); no pytest, no torch.
+
+The strict n is the n for an 80% chance that the claim passes under ``--kvaudit-strict`` at the calibrated
+rates (a count of divergent units is binomial, a claim's interval its own chance: ``Claim.strict_needs``), and
+the range of that n over the rates' 95% Wilson intervals: a calibration of 8 items that saw no divergence
+cannot say the rate is 0, so the plan says "unknown, at least N" (N at the top of the interval) instead of
+"fails".
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.core.cost.chance import TARGET, items_for_count, wilson
 from pytest_kvaudit.core.model.config import LOW_PRECISION
 
 if TYPE_CHECKING:
@@ -48,11 +56,11 @@ def decides(needs: Mapping[str, float | None], have: Mapping[str, tuple[float | 
 def strict_n(needs: Mapping[str, float | None], rates: Mapping[str, float],
              extra: Mapping[str, int | None] = {}, caps: Mapping[str, float] = {}) -> dict[str, Any]:
     """The least ``--kvaudit-n`` at which a claim can decide (what ``--kvaudit-strict`` needs of it): for each
-    count it needs (:meth:`Claim.least_evidence`), that count over what one item of the set yields of it at
-    the expected ``rates`` (eligible units per item, divergent units per item...), and the claim's own
-    further needs (``extra``: a confidence interval's width). None where no n gets there at these rates or
-    above a cap whatever n (``caps``: the donor units); a need that is a share (``label_rate``) does not grow
-    with n and is left to ``decides``."""
+    count it needs (:meth:`Claim.least_evidence`), the items for an 80% chance of that count at the expected
+    ``rates`` (eligible units per item, divergent units per item...: :func:`items_for_count`), and the claim's
+    own further needs (``extra``: the items for an 80% chance that its interval clears its threshold). None
+    where no n gets there at these rates or above a cap whatever n (``caps``: the donor units); a need that is
+    a share (``label_rate``) does not grow with n and is left to ``decides``."""
     by: dict[str, int | None] = {}
     for what, need in needs.items():
         if what not in rates:
@@ -60,32 +68,72 @@ def strict_n(needs: Mapping[str, float | None], rates: Mapping[str, float],
         if need is None or rates[what] <= 0 or need > caps.get(what, math.inf):
             by[what] = None
         else:
-            by[what] = max(1, math.ceil(need / rates[what] - 1e-9))
+            items = items_for_count(rates[what], need)
+            by[what] = None if items is None else max(1, items)
     by.update(extra)
     n = None if any(v is None for v in by.values()) else max((v for v in by.values() if v is not None), default=0)
     return {"n": n, "by": by}
 
 
-def rates(cfg: AuditConfig, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, float]:
+def rates(cfg: AuditConfig, sample: Mapping[str, Sequence[Lengths]], end: str | None = None) -> dict[str, float]:
     """What one item of the set yields of each kind of evidence: the sample's rates where there is a sample
     (else the bound's, every item eligible and divergent), without the donor cap (:func:`strict_n` applies it);
-    ``divergent_rate_max`` is the highest divergent-suffix rate of a precision."""
-    have = evidence(cfg.replace(donor_max_units=10**9), 1, sample)
+    ``divergent_rate_max`` is the highest divergent-suffix rate of a precision, ``divergent_rate_high`` that of
+    the high precisions (fp32). ``end`` ("low" or "high") takes every rate at that end of its 95% Wilson
+    interval instead of the sample's share."""
+    have = evidence(cfg.replace(donor_max_units=10**9), 1, sample, end)
     out = {w: float(exp if exp is not None else most) for w, (most, exp) in have.items() if most is not None}
-    div = [sum(x.divergent for x in rows) / len(rows) for rows in sample.values() if rows]
-    out["divergent_rate_max"] = max(div) if div else 1.0
+    div = {d: _share(rows, "divergent", end) for d, rows in sample.items() if rows}
+    out["divergent_rate_max"] = max(div.values()) if div else 1.0
+    high = [v for d, v in div.items() if d not in LOW_PRECISION]
+    out["divergent_rate_high"] = max(high) if high else (0.0 if sample else 1.0)
     return out
 
 
-def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]]) -> dict[str, tuple[float | None, float | None]]:
-    """What the run will have of each kind of evidence the claims name: (at most, expected)."""
+def _share(rows: Sequence[Lengths], attr: str, end: str | None) -> float:
+    """The sample's share of ``attr``, or an end of its Wilson interval."""
+    k = sum(bool(getattr(x, attr)) for x in rows)
+    if end is None:
+        return k / len(rows)
+    lo, hi = wilson(k, len(rows))
+    return lo if end == "low" else hi
+
+
+def strict_plan(needs: Mapping[str, float | None], sample: Mapping[str, Sequence[Lengths]], cfg: AuditConfig,
+                further: StrictFn | None = None) -> dict[str, Any]:
+    """:func:`strict_n` at the calibrated rates, with its range over the rates' intervals (``range``: [least,
+    most], None for "no n"), and ``at_least`` where the calibration saw nothing to estimate: no n at the
+    sample's rates, some n at the top of their intervals ("unknown, at least N", never "fails")."""
+    cap = caps(cfg)
+
+    def at(r: Mapping[str, float]) -> dict[str, Any]:
+        return strict_n(needs, r, further(r) if further else {}, cap)
+
+    out = at(rates(cfg, sample))
+    ends = [at(rates(cfg, sample, e)) for e in ("low", "high")] if any(sample.values()) else [out, out]
+    # each need at its own most and least favourable end (the rates pull some needs one way, others the other)
+    every = [[x["by"].get(w) for x in (out, *ends)] for w in out["by"]]
+    best = [min((v for v in vs if v is not None), default=None) for vs in every]
+    worst = [None if None in vs else max(v for v in vs if v is not None) for vs in every]
+    least = None if None in best else max((v for v in best if v is not None), default=0)
+    most = None if None in worst else max((v for v in worst if v is not None), default=0)
+    out["range"] = [least, most]
+    out["chance"] = TARGET
+    out["at_least"] = least if out["n"] is None else None
+    return out
+
+
+def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths]],
+             end: str | None = None) -> dict[str, tuple[float | None, float | None]]:
+    """What the run will have of each kind of evidence the claims name: (at most, expected); ``end`` as in
+    :func:`rates`."""
     d = len(cfg.dtypes)
     low = [x for x in cfg.dtypes if x in LOW_PRECISION]
     high = [x for x in cfg.dtypes if x not in LOW_PRECISION]
 
     def rate(dtype: str, attr: str) -> float | None:
         rows = sample.get(dtype, ())
-        return sum(getattr(x, attr) for x in rows) / len(rows) if rows else None
+        return _share(rows, attr, end) if rows else None
 
     elig = [rate(x, "eligible") for x in cfg.dtypes]
     e_min = None if any(e is None for e in elig) else min(e for e in elig if e is not None) * items

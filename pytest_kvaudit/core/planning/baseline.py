@@ -32,6 +32,7 @@ DIRECTIONS: dict[str, tuple[str, ...]] = {
     "divergence": ("increase", "decrease", "change"),
     "labels": ("increase", "decrease", "change"),
     "trajectories": ("change",),
+    "continuations": ("change",),
     "verdicts": ("worse", "change"),
 }
 DEFAULT_RULES = "divergence:increase,labels:increase,trajectories:change,verdicts:worse"
@@ -40,6 +41,10 @@ DEFAULT_RULES = "divergence:increase,labels:increase,trajectories:change,verdict
 SETTINGS = ("backend", "dtypes", "attn", "tf32", "device_map", "chat_template", "threads", "chunks", "cache_axes",
             "donor_max_units", "constructions", "boundary", "answer_regex", "max_new_tokens", "exact_items")
 MODEL_FIELDS = ("architecture", "num_layers")
+#: what an unset setting means, where it means one value: an unset setting and its default are the same setting
+#: (``--kvaudit-threads`` unset runs one thread); an unset ``attn`` is the checkpoint's default, which the
+#: baseline's report names (``environment.attn_implementation``) and :func:`mismatches` is handed
+DEFAULTS: dict[str, Any] = {"threads": 1}
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,16 @@ def _show(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]:
-    """What keeps ``baseline`` from being compared with ``run``, one line a field naming both values."""
+def _same(field: str, a: Any, b: Any, resolved: Mapping[str, Any]) -> bool:
+    """Whether two values of a setting are the same setting, an unset one read as its default."""
+    default = {**DEFAULTS, **{k: v for k, v in resolved.items() if v is not None}}.get(field)
+    return (default if a is None else a) == (default if b is None else b)
+
+
+def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any], resolved: Mapping[str, Any] = {}) -> list[str]:
+    """What keeps ``baseline`` from being compared with ``run``, one line a field naming both values. An unset
+    setting is its default (:data:`DEFAULTS`, and ``resolved``: what the baseline's unset settings resolved to,
+    such as its attention implementation), so stating a default never refuses a baseline that left it unset."""
     out = []
     bm, rm = baseline.get("model", {}), run.get("model", {})
     for f in MODEL_FIELDS:
@@ -176,7 +189,7 @@ def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]
         out.append(f"items.set: baseline {_show(bi['set'])}, this run {_show(ri.get('set'))}")
     bs, rs = baseline.get("settings", {}), run.get("settings", {})
     for f in SETTINGS:  # a field one side never recorded (an older report) is not compared
-        if f in bs and f in rs and bs[f] != rs[f]:
+        if f in bs and f in rs and not _same(f, bs[f], rs[f], resolved):
             out.append(f"settings.{f}: baseline {_show(bs[f])}, this run {_show(rs.get(f))}")
     if bs.get("stop_regex") != rs.get("stop_regex"):  # written only where a set has one: absent is none
         out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run {_show(rs.get('stop_regex'))}")

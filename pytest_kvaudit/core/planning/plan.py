@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.core.compute.cells import chars_per_token, prompt_ids, surely_too_long
-from pytest_kvaudit.core.cost.evidence import StrictFn, caps, decides, evidence, rates, strict_n
+from pytest_kvaudit.core.cost.evidence import StrictFn, decides, evidence, strict_plan
 from pytest_kvaudit.core.cost.pricing import Lengths, total
 from pytest_kvaudit.core.model.pipeline import exact_steps
 from pytest_kvaudit.core.model.precisions import named
@@ -189,10 +189,8 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
         basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     have = evidence(cfg, len(prompts), lens)
-    per_item = rates(cfg, lens)
     verdicts = {name: {**decides(needs, have, inapplicable.get(name)),
-                       "strict": strict_n(needs, per_item, strict[name](per_item) if name in strict else {},
-                                          caps(cfg))}
+                       "strict": strict_plan(needs, lens, cfg, strict.get(name))}
                 for name, needs in least.items()}
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),

@@ -79,6 +79,10 @@ def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Pa
     setup(pytester)
     run(pytester, tiny_llama, "--snapshot-update")
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
+    res.assert_outcomes(skipped=1)  # 6 units reproduced, fewer than the exactness claims' 12: no audit yet
+    res.stdout.fnmatch_lines(["*ledger_audit*INCONCLUSIVE*6 units both recorded and run, needs 12*"])
+    pytester.makeini("[pytest]\nkvaudit_thresholds = ledger_audit.min_units=6\n")
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["*ledger_audit*PASS*6*6*"])
 
@@ -101,6 +105,7 @@ def test_a_smaller_update_keeps_the_larger_ledger_whole(pytester: pytest.Pyteste
 
 def test_a_larger_run_audits_what_was_recorded_and_says_the_rest(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     setup(pytester)
+    pytester.makeini("[pytest]\nkvaudit_thresholds = ledger_audit.min_units=6\n")  # 3 items recorded: 6 units
     pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "--snapshot-update",
                                   "-p", "no:cacheprovider")
     res, c = run(pytester, tiny_llama)

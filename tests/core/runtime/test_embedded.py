@@ -45,7 +45,11 @@ def test_committed_ledger_audits_on_the_first_items(pytester: pytest.Pytester) -
 def test_first_items_show_divergence_in_bf16_only(pytester: pytest.Pytester) -> None:
     for name in ("test_matched_construction.py", "test_donor_following.py"):
         shutil.copy(REPO / "suites" / name, pytester.path)
-    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    matched_construction.min_units=12\n    donor_following.min_units=1\n")
+    # low bars for 12 items: the embedded model is right on every item, so its labels cannot move (min_each), and
+    # Tango's interval at 12 pairs is ±24 points (margin)
+    pytester.makeini("[pytest]\nkvaudit_thresholds =\n    matched_construction.min_units=12\n"
+                     "    matched_construction.min_each=0\n    matched_construction.margin=1.0\n"
+                     "    donor_following.min_units=1\n")
     rep = pytester.path / "r.json"
     res = pytester.runpytest_subprocess("--kvaudit-n=12", f"--kvaudit-report={rep}", "-p", "no:cacheprovider")
     res.assert_outcomes(passed=2)

@@ -22,6 +22,7 @@ kvaudit_thresholds =
     replica_exactness.min_units=3
     bridge_bitexact.min_units=3
     fixed_prefix_2x2.max_rate=0.6
+    fixed_prefix_2x2.min_recurring=1
 """
 
 
