@@ -8,7 +8,7 @@ vLLM cannot run one forward of caller-chosen ids on a caller-held cache, so its 
   its tokens, the top-k raw logits of every step (``logprobs_mode="raw_logits"``), ``num_cached_tokens``
   (the prefix-cache hit), the KV blocks it held (read by a hook on the scheduler's free path) and the tokens
   the scheduler gave it in each engine step (the chunked-prefill proof);
-- a request may be *teacher-forced* over given ids (:func:`_force_processor`, a logits processor that masks
+- a request may be *teacher-forced* over given ids (:class:`.vllm_force.ForceTokens`, a logits processor that masks
   every other token while the forced ids last): the K/V of those ids are then written by decode steps, as the
   live request wrote its own, which is how the bridge (``incremental``) and the 2x2's replay are built;
 - :meth:`VllmBackend.read` copies a request's K/V out of its blocks on every rank, through the layout the
@@ -41,7 +41,6 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
     Done,
     SchedulerHooks,
     eos_ids,
-    force_processor,
     internal,
     load_vllm,
 )
@@ -65,8 +64,7 @@ class VllmBackend:
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
-        from vllm.v1.sample.logits_processor import LogitsProcessor
-        from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+        from pytest_kvaudit.core.runtime.backends.vllm_force import ForceTokens
 
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -74,7 +72,7 @@ class VllmBackend:
             args = {"model": str(path), "dtype": DTYPES[dtype], "enable_prefix_caching": True, "block_size": BLOCK_SIZE,
                     "enforce_eager": not CUDA_GRAPHS, "logprobs_mode": "raw_logits", "seed": 0,
                     "trust_remote_code": trust_remote_code} | dict(engine_args or {})
-            self.llm = vllm.LLM(**args, logits_processors=[force_processor(LogitsProcessor, process_dict_updates)])
+            self.llm = vllm.LLM(**args, logits_processors=[ForceTokens])
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")
