@@ -8,11 +8,12 @@ vLLM cannot run one forward of caller-chosen ids on a caller-held cache, so its 
   its tokens, the top-k raw logits of every step (``logprobs_mode="raw_logits"``), ``num_cached_tokens``
   (the prefix-cache hit), the KV blocks it held (read by a hook on the scheduler's free path) and the tokens
   the scheduler gave it in each engine step (the chunked-prefill proof);
-- a request may be *teacher-forced* over given ids (:func:`_force_processor`, a logits processor that masks
+- a request may be *teacher-forced* over given ids (:class:`.vllm_force.ForceTokens`, a logits processor that masks
   every other token while the forced ids last): the K/V of those ids are then written by decode steps, as the
   live request wrote its own, which is how the bridge (``incremental``) and the 2x2's replay are built;
-- :meth:`VllmBackend.read` copies a request's blocks out of the runner's per-layer cache tensors and
-  :meth:`VllmBackend.write` writes blocks back (the transplants; a fault that perturbs a cached block).
+- :meth:`VllmBackend.read` copies a request's K/V out of its blocks on every rank, through the layout the
+  attention backend declares (:mod:`.vllm_layout`, :mod:`.vllm_ranks`), and :meth:`VllmBackend.write` writes
+  them back to every rank (the transplants; a fault that perturbs a cached block).
 
 The names read here (``engine_core``, ``model_runner.kv_caches``, ``scheduler._free_request_blocks``) are
 internal to one vLLM version: :data:`PINNED` is the one this module was written against, and a moved name is
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,11 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
     TOP_K,
     Done,
     SchedulerHooks,
-    attention_backend,
-    attention_isa,
     eos_ids,
-    force_processor,
     internal,
     load_vllm,
 )
+from pytest_kvaudit.core.runtime.backends.vllm_ranks import Ranks
 from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 
@@ -58,38 +57,36 @@ class VllmBackend:
     per_layer = True
     constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
 
-    def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool) -> None:
+    def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
+                 engine_args: Mapping[str, Any] | None = None) -> None:
+        """``engine_args`` go to ``vllm.LLM`` over kvaudit's defaults (e.g. ``tensor_parallel_size=2,
+        distributed_executor_backend="mp"``)."""
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
-        from vllm.v1.sample.logits_processor import LogitsProcessor
-        from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+        from pytest_kvaudit.core.runtime.backends.vllm_force import ForceTokens
 
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True, block_size=BLOCK_SIZE,
-                                enforce_eager=not CUDA_GRAPHS, logprobs_mode="raw_logits", seed=0,
-                                trust_remote_code=trust_remote_code,
-                                logits_processors=[force_processor(LogitsProcessor, process_dict_updates)])
+            args = {"model": str(path), "dtype": DTYPES[dtype], "enable_prefix_caching": True, "block_size": BLOCK_SIZE,
+                    "enforce_eager": not CUDA_GRAPHS, "logprobs_mode": "raw_logits", "seed": 0,
+                    "trust_remote_code": trust_remote_code} | dict(engine_args or {})
+            self.llm = vllm.LLM(**args, logits_processors=[ForceTokens])
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")
         self.scheduler = internal(core, "scheduler")
-        runner = internal(core, "model_executor.driver_worker.worker.model_runner")
-        self.kv_caches: list[Any] = list(internal(runner, "kv_caches"))
-        shape = tuple(getattr(self.kv_caches[0], "shape", ())) if self.kv_caches else ()
-        if len(shape) != 4 or shape[2] != BLOCK_SIZE or shape[3] % 2:
-            raise KvauditError(f"{NAME}: the K/V blocks of attention backend {attention_backend(runner)} have shape "
-                               f"{shape}, not [blocks, kv_heads, {BLOCK_SIZE}, 2 x head_dim] (CPU_ATTN's, the layout "
-                               "the audit reads per position): not implemented for it")
-        self.dtype, self.block_size = dtype, BLOCK_SIZE
+        mc, pc = internal(core, "vllm_config.model_config"), internal(core, "vllm_config.parallel_config")
+        # every rank's caches, through the executor (in process at TP=1), in the layout its backend declares
+        self.ranks = Ranks(self.llm, int(mc.get_total_num_kv_heads()), int(pc.pipeline_parallel_size))
+        rank0, tp = self.ranks.info[0], self.ranks.tp
+        self.dtype, self.block_size = dtype, self.ranks.layout.block_size
         # the ledger keys its environment on this name: the engine, its version and what decides its bits
-        self.attn_implementation = (f"vllm {vllm.__version__} {attention_backend(runner)} block {BLOCK_SIZE} "
-                                    f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}")
+        self.attn_implementation = (f"vllm {vllm.__version__} {rank0['attention_backend']} block {self.block_size} "
+                                    f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}{f' tp {tp}' if tp > 1 else ''}")
         self.device = str(internal(core, "vllm_config.device_config.device_type"))
         self.tokenizer = load_tokenizer(path, trust_remote_code)
-        mc = internal(core, "vllm_config.model_config")
         self.vocab_size = int(mc.get_vocab_size())
         self.top_k = min(TOP_K, self.vocab_size)
         self.max_positions: int | None = int(mc.max_model_len)
@@ -98,16 +95,21 @@ class VllmBackend:
         self.hooks = SchedulerHooks(self.scheduler)
         self.budget = int(self.scheduler.max_num_scheduled_tokens)
         self.environment = {
-            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: attention_backend(runner)},
-            "vllm_block_size": BLOCK_SIZE, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
+            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: rank0["attention_backend"]},
+            "vllm_block_size": self.block_size, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
             "vllm_max_num_batched_tokens": self.budget,
             "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
-            "vllm_kv_cache_dtype": {dtype: str(self.kv_caches[0].dtype)}, "vllm_kv_layout": {dtype: list(self.kv_caches[0].shape[1:])},
-            "vllm_attention_isa": {dtype: attention_isa(runner)}, "vllm_logprobs_mode": "raw_logits",
+            "vllm_kv_cache_dtype": {dtype: rank0["dtype"]}, "vllm_kv_layout": {dtype: rank0["shape"]},
+            "vllm_attention_isa": {dtype: rank0["isa"]}, "vllm_logprobs_mode": "raw_logits",
             "vllm_state_source": "kv_blocks",
             "not_available": ["layer sweep (transplants are all layers or the identical ones)",
-                              "batch invariance probe (see the batched(B) construction)", "attention and cache axes"],
+                              "batch invariance probe (see the batched(B) construction)", "attention and cache axes",
+                              "pipeline parallel (each rank a slice of the layers)"],
         }
+        # how the K/V were read: the declared layout (memory order, K/V split, kernel blocks) and the ranks
+        self.environment |= {"vllm_kv_cache_layout": {dtype: self.ranks.layout.as_dict()},
+                             "vllm_tensor_parallel_size": tp, "vllm_pipeline_parallel_size": int(pc.pipeline_parallel_size),
+                             "vllm_kv_heads_per_rank": self.ranks.layout.kv_heads}
 
     # -- requests ------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -144,19 +146,19 @@ class VllmBackend:
 
     # -- blocks --------------------------------------------------------------------------------
     def read(self, blocks: Sequence[int], positions: int) -> Any:
-        """The K/V of the first ``positions`` positions held in ``blocks``, copied out of every layer."""
-        n = -(-positions // BLOCK_SIZE)
+        """The K/V of the first ``positions`` positions held in ``blocks``, every layer, from every rank."""
+        n = -(-positions // self.block_size)
         if n > len(blocks):
             raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
-        return VllmState([kv[list(blocks[:n])].clone() for kv in self.kv_caches], positions, BLOCK_SIZE)
+        return VllmState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
-        """Overwrite ``blocks`` with ``state``'s blocks, every layer (whole blocks: the boundary is on a block edge)."""
-        if state.positions % BLOCK_SIZE:
-            raise KvauditError(f"{NAME}: a transplant writes whole blocks; {state.positions} positions are not")
-        ids = list(blocks[: len(state.layers[0])])
-        for kv, layer in zip(self.kv_caches, state.layers):
-            kv[ids] = layer.to(kv.device)
+        """Overwrite the cells of ``state``'s positions in ``blocks``, every layer, on every rank (a partial last
+        block is written up to the state's last position)."""
+        n = -(-state.positions // self.block_size)
+        if n > len(blocks):
+            raise KvauditError(f"{NAME}: {state.positions} positions need {n} blocks, the request held {len(blocks)}")
+        self.ranks.write(blocks[:n], state.layers)
 
     # -- the protocol's remaining words ----------------------------------------------------------
     def step(self, ids: Sequence[int], state: Any) -> Any:
@@ -171,13 +173,14 @@ class VllmBackend:
         return token_text(self.tokenizer, ids)
 
     def shape(self) -> dict[str, int]:
-        kv = self.kv_caches[0]
-        return {"layers": len(self.kv_caches), "kv_heads": int(kv.shape[1]), "head_dim": int(kv.shape[-1]) // 2,
-                "parameters": 0, "recurrent": 0}
+        lay = self.ranks.layout
+        return {"layers": int(self.ranks.info[0]["layers"]), "kv_heads": lay.kv_heads * self.ranks.tp,
+                "head_dim": lay.head_size, "parameters": 0, "recurrent": 0}
 
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
-                 allow_pickle: bool = False, device_map: str | None = None) -> VllmBackend:
+                 allow_pickle: bool = False, device_map: str | None = None,
+                 engine_args: Mapping[str, Any] | None = None) -> VllmBackend:
     load_vllm()  # the engine missing is the first thing to say
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix == ".gguf":
@@ -197,4 +200,4 @@ def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None =
         named = ", ".join(archs) or "no architectures in config.json"
         raise KvauditError(f"vLLM {vllm.__version__} cannot serve {spec} ({named}): not in its model registry; audit "
                            "it with --kvaudit-backend=transformers")
-    return VllmBackend(path, dtype, spec, trust_remote_code)
+    return VllmBackend(path, dtype, spec, trust_remote_code, engine_args)

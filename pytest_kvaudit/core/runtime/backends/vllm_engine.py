@@ -1,7 +1,7 @@
 """What the vLLM backend (:mod:`.vllm`) needs of vLLM itself: the engine's environment and settings, the
-import, the internal names it reads (:func:`internal`), a finished request (:class:`Done`), the teacher-forcing
-logits processor and the scheduler hooks. No module here imports :mod:`.vllm`, so the calibration and the cells
-can read the settings without a circle."""
+import, the internal names it reads (:func:`internal`), a finished request (:class:`Done`) and the scheduler
+hooks (the teacher-forcing logits processor is :mod:`.vllm_force`). No module here imports :mod:`.vllm`, so the
+calibration and the cells can read the settings without a circle."""
 
 from __future__ import annotations
 
@@ -83,36 +83,6 @@ class Done:
         """The most requests any of its prompt's steps ran with (batched(B): B + 1)."""
         k = len(self.prefill_chunks)
         return max((b for _, b in self.steps[:k]), default=0)
-
-
-def force_processor(base: Any, process_dict_updates: Any) -> Any:
-    """A logits processor that teacher-forces requests carrying ``extra_args[FORCE]``: while forced ids remain,
-    every other logit of the row is -inf, so greedy sampling takes the forced id and the next step feeds it as a
-    decode token. The raw logits the audit reads are taken before any processor runs."""
-
-    class ForceTokens(base):  # type: ignore[misc, valid-type]
-        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
-            self.rows: dict[int, tuple[list[int], list[int]]] = {}
-
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def update_state(self, batch_update: Any) -> None:
-            def new(params: Any, prompt: Any, out: list[int]) -> Any:
-                force = (params.extra_args or {}).get(FORCE)
-                return (list(force), out) if force else None
-
-            process_dict_updates(self.rows, batch_update, new)
-
-        def apply(self, logits: Any) -> Any:
-            for i, (force, out) in self.rows.items():
-                if len(out) < len(force):
-                    logits[i] = float("-inf")
-                    logits[i, force[len(out)]] = 0.0
-            return logits
-
-    return ForceTokens
-
 
 
 def attention_backend(runner: Any) -> str:

