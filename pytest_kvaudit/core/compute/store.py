@@ -89,7 +89,7 @@ class Store:
             _free_device_memory()
             c = self.cfg
             self._handles[key] = open_backend(c.backend, c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle,
-                                            c.device_map)
+                                            c.device_map, dict(c.engine_args))
         return self._handles[key]
 
     def prompt_ids(self, item: Item, h: Backend) -> tuple[int, ...]:

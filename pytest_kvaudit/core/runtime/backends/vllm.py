@@ -21,17 +21,16 @@ one line that says which (:func:`internal`).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.runtime.backends.vllm_engine import (
-    BLOCK_SIZE,
-    CUDA_GRAPHS,
     DTYPES,
     FORCE,
     NAME,
@@ -41,6 +40,7 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
     SchedulerHooks,
     attention_backend,
     attention_isa,
+    engine_kwargs,
     eos_ids,
     force_processor,
     internal,
@@ -49,7 +49,7 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
 from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 
-__all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
+__all__ = ["NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
 
 
 class VllmBackend:
@@ -58,35 +58,51 @@ class VllmBackend:
     per_layer = True
     constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
 
-    def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool) -> None:
+    def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
+                 engine_args: Mapping[str, str] | None = None) -> None:
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
+        from vllm.platforms import current_platform
         from vllm.v1.sample.logits_processor import LogitsProcessor
         from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+        #: the user's --kvaudit-engine-arg, as given (recorded and compared by the gate), and what reached vllm.LLM
+        self.engine_args = dict(sorted((engine_args or {}).items()))
+        kwargs, invariant = engine_kwargs(self.engine_args, current_platform.is_cpu())
+        if invariant:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True, block_size=BLOCK_SIZE,
-                                enforce_eager=not CUDA_GRAPHS, logprobs_mode="raw_logits", seed=0,
-                                trust_remote_code=trust_remote_code,
-                                logits_processors=[force_processor(LogitsProcessor, process_dict_updates)])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True,
+                                    logprobs_mode="raw_logits", seed=0, trust_remote_code=trust_remote_code,
+                                    logits_processors=[force_processor(LogitsProcessor, process_dict_updates)], **kwargs)
+        except (ValueError, TypeError, NotImplementedError, RuntimeError) as exc:
+            if not self.engine_args:
+                raise
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise KvauditError(f"vllm.LLM refused --kvaudit-engine-arg {self.engine_args}: {said}") from exc
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")
         self.scheduler = internal(core, "scheduler")
         runner = internal(core, "model_executor.driver_worker.worker.model_runner")
         self.kv_caches: list[Any] = list(internal(runner, "kv_caches"))
+        block = int(internal(core, "vllm_config.cache_config.block_size"))
+        eager = bool(internal(core, "vllm_config.model_config.enforce_eager"))
         shape = tuple(getattr(self.kv_caches[0], "shape", ())) if self.kv_caches else ()
-        if len(shape) != 4 or shape[2] != BLOCK_SIZE or shape[3] % 2:
+        if len(shape) != 4 or shape[2] != block or shape[3] % 2:
             raise KvauditError(f"{NAME}: the K/V blocks of attention backend {attention_backend(runner)} have shape "
-                               f"{shape}, not [blocks, kv_heads, {BLOCK_SIZE}, 2 x head_dim] (CPU_ATTN's, the layout "
+                               f"{shape}, not [blocks, kv_heads, {block}, 2 x head_dim] (CPU_ATTN's, the layout "
                                "the audit reads per position): not implemented for it")
-        self.dtype, self.block_size = dtype, BLOCK_SIZE
-        # the ledger keys its environment on this name: the engine, its version and what decides its bits
-        self.attn_implementation = (f"vllm {vllm.__version__} {attention_backend(runner)} block {BLOCK_SIZE} "
-                                    f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}")
+        self.dtype, self.block_size = dtype, block
+        # the ledger keys its environment on this name: the engine, its version and what decides its bits, with
+        # every --kvaudit-engine-arg (so the gate compares them)
+        given = "".join(f" {k}={v}" for k, v in self.engine_args.items())
+        self.attn_implementation = (f"vllm {vllm.__version__} {attention_backend(runner)} block {block} "
+                                    f"{'eager' if eager else 'cuda graphs'}{given}")
         self.device = str(internal(core, "vllm_config.device_config.device_type"))
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         mc = internal(core, "vllm_config.model_config")
@@ -99,7 +115,9 @@ class VllmBackend:
         self.budget = int(self.scheduler.max_num_scheduled_tokens)
         self.environment = {
             "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: attention_backend(runner)},
-            "vllm_block_size": BLOCK_SIZE, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
+            "vllm_block_size": block, "vllm_enforce_eager": eager, "vllm_cuda_graphs": not eager,
+            "vllm_engine_args": self.engine_args, "vllm_batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+            "vllm_tensor_parallel_size": int(internal(core, "vllm_config.parallel_config.tensor_parallel_size")),
             "vllm_max_num_batched_tokens": self.budget,
             "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
             "vllm_kv_cache_dtype": {dtype: str(self.kv_caches[0].dtype)}, "vllm_kv_layout": {dtype: list(self.kv_caches[0].shape[1:])},
@@ -145,14 +163,14 @@ class VllmBackend:
     # -- blocks --------------------------------------------------------------------------------
     def read(self, blocks: Sequence[int], positions: int) -> Any:
         """The K/V of the first ``positions`` positions held in ``blocks``, copied out of every layer."""
-        n = -(-positions // BLOCK_SIZE)
+        n = -(-positions // self.block_size)
         if n > len(blocks):
             raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
-        return VllmState([kv[list(blocks[:n])].clone() for kv in self.kv_caches], positions, BLOCK_SIZE)
+        return VllmState([kv[list(blocks[:n])].clone() for kv in self.kv_caches], positions, self.block_size)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
         """Overwrite ``blocks`` with ``state``'s blocks, every layer (whole blocks: the boundary is on a block edge)."""
-        if state.positions % BLOCK_SIZE:
+        if state.positions % self.block_size:
             raise KvauditError(f"{NAME}: a transplant writes whole blocks; {state.positions} positions are not")
         ids = list(blocks[: len(state.layers[0])])
         for kv, layer in zip(self.kv_caches, state.layers):
@@ -177,7 +195,8 @@ class VllmBackend:
 
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
-                 allow_pickle: bool = False, device_map: str | None = None) -> VllmBackend:
+                 allow_pickle: bool = False, device_map: str | None = None,
+                 engine_args: Mapping[str, str] | None = None) -> VllmBackend:
     load_vllm()  # the engine missing is the first thing to say
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix == ".gguf":
@@ -197,4 +216,4 @@ def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None =
         named = ", ".join(archs) or "no architectures in config.json"
         raise KvauditError(f"vLLM {vllm.__version__} cannot serve {spec} ({named}): not in its model registry; audit "
                            "it with --kvaudit-backend=transformers")
-    return VllmBackend(path, dtype, spec, trust_remote_code)
+    return VllmBackend(path, dtype, spec, trust_remote_code, engine_args)
