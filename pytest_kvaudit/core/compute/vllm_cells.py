@@ -117,6 +117,9 @@ class VllmCellBuilder(CellBuilder):
                                                   margins(rows[b:]), gen[:b])
         self.live = Live(None, b, tuple(prompt) + tuple(gen[:b]), state, d)
         self.states["live"] = state
+        if self.cfg.computes(WARM):  # the hits on the live request's own blocks: before any other request resets them
+            self.states[WARM] = hits.partial(self, rec, self.live.prefix, max_new - b, d, state)
+            hits.whole_block(self, rec, d, max_new)
         return rec, self.live
 
     def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
@@ -132,14 +135,13 @@ class VllmCellBuilder(CellBuilder):
 
     def constructions(self, rec: CellRecord, prompt: tuple[int, ...], head: list[int], last: int, budget: int,
                       live_state: Any, index: int | None = None) -> Any:
-        """Every construction the pipeline declares for this item (as the plan priced them); ``warm`` brings the
-        prefix cache's other two hit shapes with it. Returns prefill's state (the anatomy and transplants')."""
+        """Every construction the pipeline declares for this item (as the plan priced them); ``warm`` (its partial
+        and whole-block hits run in :meth:`trajectory`, on the live request's blocks before anything resets
+        them) brings the cross-request hit. Returns prefill's state (the anatomy and transplants')."""
         assert self.live is not None
         prefix = self.live.prefix
         for step in constructions(self.cfg, index):
-            if step.name == WARM:
-                self.states[WARM] = hits.partial(self, rec, prefix, budget, self.live.done, live_state)
-                hits.whole_block(self, rec, self.live.done, self.item_set.max_new_tokens)
+            if step.name == WARM:  # partial and whole-block ran beside the trajectory; cross writes its own blocks
                 self.states["cross"] = hits.cross(self, rec, prefix, budget)
                 continue
             cont, state = self.forced(rec, step.name, prompt, prefix, budget)
