@@ -203,3 +203,16 @@ def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
     with pytest.raises(KvauditError, match=r"VLLM_BATCH_INVARIANT=1, which vLLM runs on GPU attention backends only"):
         engine_kwargs({"batch_invariant": "true"}, on_cpu=True)
     assert engine_kwargs({"batch_invariant": "true"}, on_cpu=False)[1]
+
+
+def test_a_run_of_one_claim_computes_only_what_it_reads(backend: Any, builder: Any) -> None:
+    """--kvaudit-claims=replica_exactness: the trajectory, the prefill and their replicas; no prefix-cache hits,
+    no bridge, no batch, no 2x2, no transplants (the pipeline's declaration decides, as for transformers)."""
+    from pytest_kvaudit.claims.base import get
+    from pytest_kvaudit.core.model.pipeline import work_of
+
+    b, items = builder
+    b.cfg = b.cfg.replace(work=work_of(get("replica_exactness").needs or ()))
+    rec, _ = b.compute(items.items[0], "bf16", None, lambda: (True, True))
+    assert rec.eligible and set(rec.requests) == {"live", "live:replica", "prefill", "prefill:replica"}
+    assert set(rec.constructions) == {"live", "live:replica", "prefill", "prefill:replica"} and not rec.fixed
