@@ -167,6 +167,9 @@ def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest
     warm = [r for r in data["analyses"]["axes"] if r["construction"] == "warm"]
     assert warm and all(r["reused_tokens"] > 0 and r["warm_cold"] == 0 for r in warm)
     assert data["claims"]["bridge_bitexact"]["status"] == "pass", data["claims"]["bridge_bitexact"]["reason"]
+    pc = data["claims"]["prefix_cache"]  # whole-block hits on the embedded checkpoint: bit for bit
+    assert pc["status"] == "pass" and pc["n"] == pc["k"] > 0, pc["reason"]
+    assert "prefix cache (bf16): whole-block hits reproduce" in res.stdout.str()
 
 
 #: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
