@@ -60,7 +60,8 @@ def whole_block(b: Any, rec: CellRecord, live: Any, max_new: int) -> None:
     """The hit at the nearest block edge inside the working, set against the live request there."""
     prompt, marker = rec.prompt_ids, rec.boundary
     assert marker is not None
-    bw = block_edge(len(prompt), marker, b.block)
+    eos = [k for k, t in enumerate(live.tokens) if t in b.dec.eos_ids]
+    bw = block_edge(len(prompt), marker, b.block, min(max_new, eos[0] + 1 if eos else len(live.tokens)))
     if bw is None:
         rec.requests[WHOLE] = {"num_cached_tokens": 0, "boundary": None,
                                "reason": f"no block edge inside the working (prompt {len(prompt)}, block {b.block})"}

@@ -13,13 +13,17 @@ from pytest_kvaudit.core.runtime.state.tensors import digest
 REQUESTS = ("prefill", "incremental", "chunked(", "batched(")
 
 
-def block_edge(prompt_len: int, boundary: int, block: int) -> int | None:
-    """The whole-block hit's boundary for an item whose own is ``boundary``: the last ``b <= boundary`` whose
-    ``prefix[:-1]`` (``prompt_len + b - 1`` ids) fills whole blocks, so a hit reuses all of it and computes
-    ``prefix[-1]`` alone. None when no such edge lies inside the working (``b >= 1``): the unit has no
-    whole-block hit. The item's own boundary never moves; this is an extra construction beside it."""
-    b = boundary - (prompt_len + boundary - 1) % block
-    return b if b >= 1 else None
+def block_edge(prompt_len: int, boundary: int, block: int, limit: int) -> int | None:
+    """The whole-block hit's boundary for an item whose own is ``boundary``: the block edge nearest it inside the
+    working (``1 <= b < limit``, ``limit`` the generated tokens that leave a suffix), where ``prefix[:-1]``
+    (``prompt_len + b - 1`` ids) fills whole blocks, so a hit reuses all of it and computes ``prefix[-1]`` alone:
+    the last at or before ``boundary``, else the first after it. None when no edge lies inside the working. The
+    item's own boundary never moves; this is an extra construction beside it."""
+    back = boundary - (prompt_len + boundary - 1) % block
+    if back >= 1:
+        return back
+    ahead = back + block
+    return ahead if ahead < limit else None
 
 
 def cacheable(ids: int, block: int) -> int:

@@ -1,15 +1,15 @@
 """The anatomy and the transplants of a divergent vLLM cell (:mod:`.vllm_cells`).
 
-A transplant writes the composed state into the cached blocks of ``prefix`` and continues warm from them. vLLM
-caches whole blocks only, so at the item's own boundary the transplant covers the whole blocks of
-``prefix[:-1]`` and the engine prefills the tail after them from the transplanted blocks, as a multi-turn
-request would (``requests[path]["covered"]`` says how many positions moved). A prefix shorter than one block
-has nothing to transplant into: its unit gets none, saying so in ``requests["transplants"]``.
+A transplant is one request over ``prefix[:-1]`` with ``prefix[-1]`` forced: its prefill runs, then the composed
+state is written over every position of its blocks before the first decode step reads them
+(:func:`continue_warm`; vLLM's prefix cache keeps whole blocks only, so a hit could not carry the tail of a
+boundary that is not on a block edge). ``requests[path]["covered"]`` says how many positions moved.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pytest_kvaudit.core.compute.vllm_requests import margins, stopped
@@ -48,31 +48,30 @@ def transplant_plan(identical_layers: Sequence[int], controls: bool = True) -> l
         f"transplant:sham:{r}" if kind == SHAM else f"transplant:{kind}:{d}_to_{r}")) for kind, d, r, layers in plan]
 
 
-def whole_blocks(state: Any, block: int) -> Any:
-    """``state`` cut to its whole blocks: what a prefix-cache hit can reuse."""
-    n = state.positions // block
-    return vs.VllmState([t[:n] for t in state.layers], n * block, block)
-
-
 def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
-    """Write ``state``'s whole blocks into the cached blocks of ``prefix`` and continue warm from them."""
-    seed = b.request(rec, f"{path}:blocks", prefix, (), 1)
-    moved = whole_blocks(state, b.block)
-    b.be.write(seed.blocks, moved)
-    d = b.request(rec, path, prefix, (), budget, reset=False)
-    if d.cached != moved.positions:
-        raise KvauditError(f"vllm: {path} reused {d.cached} tokens of the {moved.positions} transplanted")
-    rec.requests[path]["covered"] = moved.positions
-    return d
+    """Continue from ``state`` over ``prefix[:-1]``: one cold request prefills ``prefix[:-1]``, then, between that
+    step and the first decode step (which feeds ``prefix[-1]``, forced), ``state`` is written over the request's
+    blocks, every position of ``prefix[:-1]`` (the tail of a partial last block included: positions past it are
+    written by the decode before they are read). Returns the continuation (its tokens after ``prefix[-1]``)."""
+    h = len(prefix) - 1
+    n = -(-h // b.block)
+    whole = vs.VllmState([t[:n] for t in state.layers], n * b.block, b.block)  # whole blocks, as write() takes them
+    b.be.hooks.between = lambda blocks: b.be.write(blocks[:n], whole)
+    try:
+        d = b.request(rec, path, prefix[:-1], prefix[-1:], budget)
+    finally:
+        b.be.hooks.between = None
+    if d.cached or len(d.steps) < 2 or d.steps[0][0] != h:
+        raise KvauditError(f"vllm: {path} did not prefill prefix[:-1] in one step before decoding "
+                           f"(cached {d.cached}, steps {[s for s, _ in d.steps[:3]]})")
+    rec.requests[path]["covered"] = h
+    return replace(d, tokens=d.tokens[1:], rows=d.rows[1:])
 
 
 def transplants(b: Any, rec: CellRecord, live: Any, prefill: Any, prefix: Sequence[int], budget: int,
                 controls: bool = True) -> None:
     """Each planned transplant (:func:`transplant_plan`) written into the cached blocks of ``prefix`` and
     continued warm; its suffix set against the donor's and the receiver's own."""
-    if (len(prefix) - 1) < b.block:
-        rec.requests["transplants"] = {"reason": f"{len(prefix) - 1} ids fill no whole block of {b.block}"}
-        return
     states = {"live": live, "prefill": prefill}
     for kind, donor, receiver, layers, path in transplant_plan(rec.comparison.identical_layers, controls):
         composed = b.transplant_fn(states[receiver], states[donor], layers, "kv")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "
 #: what kvaudit passes to ``vllm.LLM`` unless the user's ``--kvaudit-engine-arg`` says otherwise: the CPU attention
 #: backend takes multiples of 32 (GPU backends multiples of 16); eager, so CUDA graphs are an axis a user turns on
 #: (``--kvaudit-engine-arg enforce_eager=false``)
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {"block_size": 32, "enforce_eager": True}
+#: synchronous scheduling: a transplant writes the blocks between two engine steps (:class:`SchedulerHooks`)
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {"block_size": 32, "enforce_eager": True, "async_scheduling": False}
 #: arguments the audit itself decides: a user's value would break what it reads
 OWNED = ("model", "dtype", "enable_prefix_caching", "logprobs_mode", "logits_processors", "seed", "trust_remote_code",
          "tokenizer", "skip_tokenizer_init")
@@ -143,6 +145,10 @@ class SchedulerHooks:
     def __init__(self, scheduler: Any) -> None:
         self.freed: dict[str, list[int]] = {}
         self.steps: list[dict[str, int]] = []
+        #: called once with the first request's blocks between the call's first engine step and its second (a
+        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them)
+        self.between: Callable[[list[int]], None] | None = None
+        self.first_blocks: list[int] = []
         free, schedule = internal(scheduler, "_free_request_blocks"), internal(scheduler, "schedule")
         manager = internal(scheduler, "kv_cache_manager")
 
@@ -154,7 +160,12 @@ class SchedulerHooks:
             return free(request)
 
         def scheduling(*a: Any, **kw: Any) -> Any:
+            if self.between is not None and len(self.steps) == 1:  # the first step ran: its K/V are in the blocks
+                fn, self.between = self.between, None
+                fn(self.first_blocks)
             out = schedule(*a, **kw)
+            if not self.steps and out.scheduled_new_reqs:
+                self.first_blocks = list(out.scheduled_new_reqs[0].block_ids[0])
             self.steps.append(dict(out.num_scheduled_tokens))
             return out
 
@@ -164,6 +175,7 @@ class SchedulerHooks:
     def clear(self) -> None:
         self.freed.clear()
         self.steps.clear()
+        self.first_blocks = []
 
 
 def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:

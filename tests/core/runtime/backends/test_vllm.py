@@ -196,9 +196,10 @@ def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
 
     kw, invariant = engine_kwargs({"block_size": "64", "enable_chunked_prefill": "false", "kv_cache_dtype": "fp8",
                                    "enforce_eager": "False"}, on_cpu=True)
-    assert kw == {"block_size": 64, "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "enforce_eager": False}
+    assert kw == {"block_size": 64, "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "enforce_eager": False,
+                  "async_scheduling": False}
     assert not invariant and engine_value("0.5") == 0.5 and engine_value('{"a": 1}') == {"a": 1}
-    assert engine_kwargs({}, on_cpu=True)[0] == {"block_size": 32, "enforce_eager": True}  # kvaudit's defaults
+    assert engine_kwargs({}, on_cpu=True)[0] == {"block_size": 32, "enforce_eager": True, "async_scheduling": False}
     with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg blok_size=\.\.\.: vLLM's EngineArgs has no 'blok_size'"):
         engine_kwargs({"blok_size": "16"}, on_cpu=True)
     with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg enable_prefix_caching=\.\.\.: kvaudit sets"):
