@@ -51,12 +51,12 @@ def transplant_plan(identical_layers: Sequence[int], controls: bool = True) -> l
 def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
     """Continue from ``state`` over ``prefix[:-1]``: one cold request prefills ``prefix[:-1]``, then, between that
     step and the first decode step (which feeds ``prefix[-1]``, forced), ``state`` is written over the request's
-    blocks, every position of ``prefix[:-1]`` (the tail of a partial last block included: positions past it are
-    written by the decode before they are read). Returns the continuation (its tokens after ``prefix[-1]``)."""
+    blocks, every position of ``prefix[:-1]`` and no other (the tail of a partial last block included). Returns the continuation (its tokens after ``prefix[-1]``)."""
     h = len(prefix) - 1
     n = -(-h // b.block)
-    whole = vs.VllmState([t[:n] for t in state.layers], n * b.block, b.block)  # whole blocks, as write() takes them
-    b.be.hooks.between = lambda blocks: b.be.write(blocks[:n], whole)
+    if state.positions != h:
+        raise KvauditError(f"vllm: {path} writes a state of {state.positions} positions over prefix[:-1]'s {h}")
+    b.be.hooks.between = lambda blocks: b.be.write(blocks[:n], state)  # exactly prefix[:-1]'s positions
     try:
         d = b.request(rec, path, prefix[:-1], prefix[-1:], budget)
     finally:
