@@ -1,4 +1,4 @@
-"""``--kvaudit-engine-arg KEY=VALUE`` (repeatable; ini twin ``kvaudit_engine_args``, one pair a line): arguments
+"""``--kvaudit-engine-arg KEY=VALUE`` (repeatable; ini twin ``kvaudit_engine_arg``, one pair a line): arguments
 passed as given to an engine that takes them (vLLM's ``LLM``), read and checked at configure time. What each
 value means is the engine's to say (:func:`pytest_kvaudit.core.runtime.backends.vllm_engine.engine_kwargs`
 checks the keys against vLLM's own ``EngineArgs`` when the engine loads)."""
@@ -13,7 +13,7 @@ from pytest_kvaudit.core.model.schedules import extra_constructions
 
 BACKEND = "--kvaudit-backend"
 ENGINE_ARG = "--kvaudit-engine-arg"
-ENGINE_ARGS_INI = "kvaudit_engine_args"
+ENGINE_ARGS_INI = "kvaudit_engine_arg"
 ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineArgs argument such as block_size=16, "
                    "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, tensor_parallel_size=2, "
                    "enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU only); repeatable; recorded "

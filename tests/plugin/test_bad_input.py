@@ -523,6 +523,6 @@ def test_a_registered_schedule_on_vllm_is_refused_at_configure(pytester: pytest.
 
 def test_engine_args_from_the_ini_are_checked_too(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
-    pytester.makeini("[pytest]\nkvaudit_engine_args =\n    block_size=16\n    block_size\n")
+    pytester.makeini("[pytest]\nkvaudit_engine_arg =\n    block_size=16\n    block_size\n")
     usage_error(pytester.runpytest_subprocess("--kvaudit-backend=vllm"),
-                "ERROR: kvaudit_engine_args (ini) 'block_size': give KEY=VALUE*")
+                "ERROR: kvaudit_engine_arg (ini) 'block_size': give KEY=VALUE*")
