@@ -28,6 +28,7 @@ from pytest_kvaudit.core.model.config import (
 from pytest_kvaudit.core.model.engines import check
 from pytest_kvaudit.core.model.pipeline import ANALYSES as KNOWN
 from pytest_kvaudit.core.runtime.chat import parse_mode
+from pytest_kvaudit.engine_args import ENGINE_ARG, ENGINE_ARG_HELP, ENGINE_ARGS_INI, engine_args
 from pytest_kvaudit.report.writers import WRITERS
 from pytest_kvaudit.workers.partials import parse_shard
 
@@ -135,6 +136,10 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(dest(flag), help_, type="bool", default=False)
     group.addoption(CHAT_TEMPLATE, dest=dest(CHAT_TEMPLATE), nargs="?", const="on", default=None, help=CHAT_HELP)
     parser.addini(dest(CHAT_TEMPLATE), CHAT_HELP, default="")
+    group.addoption(ENGINE_ARG, dest=dest(ENGINE_ARG), action="append", default=None, metavar="KEY=VALUE",
+                    help=ENGINE_ARG_HELP)
+    parser.addini(ENGINE_ARGS_INI, "engine arguments, one KEY=VALUE a line (" + ENGINE_ARG + ")", type="linelist",
+                  default=[])
     parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
 
 
@@ -233,6 +238,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
             raise KvauditError(f"{CHAT_TEMPLATE} is empty: give auto, on or off, or leave the flag out")
         if (chat := value(config, CHAT_TEMPLATE)) is not None:
             kw["chat_template"] = parse_mode(chat, source(config, CHAT_TEMPLATE))
+        kw["engine_args"] = engine_args(config, kw.get("backend", "transformers"))
         kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
         return AuditConfig().replace(**kw)
     except KvauditError as exc:

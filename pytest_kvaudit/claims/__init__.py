@@ -22,6 +22,7 @@ from pytest_kvaudit.claims import (  # noqa: F401  (importing registers the buil
     ledger_audit,
     lossy_cache_budget,
     matched_construction,
+    prefix_cache,
     replica_exactness,
 )
 from pytest_kvaudit.claims.base import (

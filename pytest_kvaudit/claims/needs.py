@@ -57,6 +57,9 @@ def work(claims: Sequence[Claim], config: AuditConfig, every_builtin: Iterable[C
     ``--kvaudit-chunks=8``)."""
     if everything(claims, every_builtin):
         return None
+    # a claim that does not apply to this run (no prefix cache to audit, a need the backend lacks) is skipped,
+    # saying why: it adds no work, and its needs are not this run's to check
+    claims = [c for c in claims if c.applicable(config) is None]
     for c in claims:
         bad = unknown_needs([*(c.needs or ()), *c.analyses], config)
         if bad:

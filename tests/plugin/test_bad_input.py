@@ -50,6 +50,12 @@ USAGE_CASES: list[tuple[list[str], str]] = [
     (["--kvaudit-report=  "], "ERROR: --kvaudit-report is empty*"),
     (["--kvaudit-chunks=0"], "ERROR: --kvaudit-chunks: chunk sizes must be positive*"),
     (["--kvaudit-analyses=sweep"], "ERROR: --kvaudit-analyses: unknown analysis 'sweep'; use layer_sweep, batch_invariance or all"),
+    (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "block_size"], "ERROR: --kvaudit-engine-arg 'block_size': give KEY=VALUE*"),
+    (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "1x=2"], "ERROR: --kvaudit-engine-arg '1x=2': give KEY=VALUE*"),
+    (["--kvaudit-backend=vllm", "--kvaudit-engine-arg=block_size=16", "--kvaudit-engine-arg=block_size=32"],
+     "ERROR: --kvaudit-engine-arg: block_size is given twice (block_size=16 and block_size=32); give it once"),
+    (["--kvaudit-engine-arg=block_size=16"], "ERROR: --kvaudit-engine-arg passes arguments to vllm.LLM: it needs "
+                                             "--kvaudit-backend=vllm (this run is transformers)"),
 ]
 
 
@@ -503,3 +509,20 @@ def test_a_threshold_no_claim_read_fails_a_strict_gate(pytester: pytest.Pytester
                               "donor_following, *"])
     pytester.makeini("[pytest]\nkvaudit_thresholds =\n    bridge_bitexact.min_units=1\n")
     assert pytester.runpytest_subprocess(*args, "--kvaudit-strict").ret == pytest.ExitCode.OK
+
+
+def test_a_registered_schedule_on_vllm_is_refused_at_configure(pytester: pytest.Pytester) -> None:
+    """vLLM's constructions are requests: a chunk schedule of forwards is one line before anything loads."""
+    pytester.makeconftest("from pytest_kvaudit.core.model.schedules import register_schedule\n\n"
+                          "@register_schedule('halves')\ndef halves(prompt_len, length, arg):\n"
+                          "    return [length // 2, length - length // 2] if length > 1 else [length]\n")
+    pytester.makepyfile("def test_x(): pass")
+    usage_error(pytester.runpytest_subprocess("--kvaudit-backend=vllm"),
+                "ERROR: --kvaudit-backend=vllm serves requests: the registered schedule(s) halves are chunk schedules*")
+
+
+def test_engine_args_from_the_ini_are_checked_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    pytester.makeini("[pytest]\nkvaudit_engine_args =\n    block_size=16\n    block_size\n")
+    usage_error(pytester.runpytest_subprocess("--kvaudit-backend=vllm"),
+                "ERROR: kvaudit_engine_args (ini) 'block_size': give KEY=VALUE*")

@@ -16,12 +16,17 @@ import pytest
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR
 
-# thresholds under which 12 embedded items decide every claim (the defaults need the full 200)
+# thresholds under which 12 embedded items decide every claim (the defaults need the full 200): the embedded
+# model is right on every item, so its labels cannot move (min_each), Tango's interval at 12 pairs is ±24 points
+# (margin), and 12 items show a few divergences to recur (min_recurring)
 SMALL_RUN = """
 [pytest]
 kvaudit_thresholds =
     matched_construction.min_units=12
+    matched_construction.min_each=0
+    matched_construction.margin=0.3
     fixed_prefix_2x2.max_rate=0.3
+    fixed_prefix_2x2.min_recurring=1
     donor_following.min_units=1
 """
 

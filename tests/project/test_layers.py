@@ -36,7 +36,7 @@ LAYERS = {
 #: the most import floors within one layer: a module that imports nothing of its layer is floor 1
 MAX_FLOORS = 6
 BUILTIN_CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
-                  "donor_following", "lossy_cache_budget")
+                  "donor_following", "lossy_cache_budget", "prefix_cache")
 
 
 def modules() -> dict[str, Path]:
@@ -225,7 +225,9 @@ def test_a_claims_name_lives_in_its_own_module_and_the_registry() -> None:
         if name in ("pytest_kvaudit.claims",):  # the registry: importing the modules registers them
             continue
         words = code_words(p)
-        leaks += [f"{name} spells {c}" for c in BUILTIN_CLAIMS if c in words and name != f"pytest_kvaudit.claims.{c}"]
+        # a whole word: vLLM's reset_prefix_cache() is the engine's name, not the prefix_cache claim's
+        leaks += [f"{name} spells {c}" for c in BUILTIN_CLAIMS
+                  if re.search(rf"\b{c}\b", words) and name != f"pytest_kvaudit.claims.{c}"]
     assert not leaks, "\n".join(leaks)
 
 

@@ -40,7 +40,8 @@ def cell_builder(backend: str) -> Any:
 
 def open_spec(c: AuditConfig, dtype: str, attn: str | None = None) -> OpenSpec:
     """How run ``c`` opens its model at ``dtype`` (and attention ``attn``, default the run's)."""
-    return OpenSpec(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle, c.device_map)
+    return OpenSpec(c.model, dtype, c.device, attn or c.attn, c.trust_remote_code, c.allow_pickle, c.device_map,
+                    dict(c.engine_args))
 
 
 def shard_items(items: Sequence[Item], index: int, count: int) -> list[Item]:

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,21 @@ def parse_chunks(text: str | None) -> tuple[int, ...]:
     if any(v < 1 for v in vals):
         raise KvauditError(f"--kvaudit-chunks: chunk sizes must be positive, got {text!r}")
     return vals
+
+
+def parse_engine_args(pairs: Iterable[str], source: str = "--kvaudit-engine-arg") -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` strings -> sorted ``(key, value)`` pairs; a key given twice, a missing ``=`` or a key that is
+    not a Python name is one line naming it."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, eq, val = str(p).partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier() or not val.strip():
+            raise KvauditError(f"{source} {p!r}: give KEY=VALUE, e.g. block_size=16 or enable_chunked_prefill=true")
+        if key in out:
+            raise KvauditError(f"{source}: {key} is given twice ({key}={out[key]} and {key}={val.strip()}); give it once")
+        out[key] = val.strip()
+    return tuple(sorted(out.items()))
 
 
 def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
@@ -191,6 +207,8 @@ class AuditConfig:
     allow_pickle: bool = False
     chat_template: bool | None = None  # None: auto, the template when the checkpoint ships one (engine/chat.py)
     threads: int | None = None
+    #: ``--kvaudit-engine-arg KEY=VALUE`` pairs, passed to the engine as given (vLLM's ``LLM``), sorted by key
+    engine_args: tuple[tuple[str, str], ...] = ()
     snapshots: str | None = None  # folder of recorded ledgers (default: snapshots/ under the rootdir)
     ledger_tokens_only: bool = False  # audit ledgers on token-level fields only (a cross-machine audit)
     #: what the selected claims need (:func:`.pipeline.work_of`): None computes everything (every built-in claim,

@@ -41,3 +41,10 @@ def batched(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
     """vLLM's ``batched(B)``: ``prefix[:-1]`` prefilled in one engine step beside ``B`` other requests of its
     length, priced as its own tokens (the others' are the batch around it, counted in the run's cost)."""
     return [length]
+
+
+@register_schedule("cross", every_cell=False)
+def cross(prompt_len: int, length: int, arg: int | None = None) -> list[int]:
+    """vLLM's cross-request hit: another request writes the whole blocks of ``prefix[:-1]`` (one prefill), and
+    the unit's request evaluates the rest on them; priced as ``prefix[:-1]`` once, in those two pieces."""
+    return [length]

@@ -21,8 +21,8 @@ cells), ``transplants`` and ``controls``. The layer sweep (``layer_sweep``) and 
 quotes them (``Claim.analyses``), when ``--kvaudit-analyses`` names them or when every built-in claim runs.
 A run's *work* (``AuditConfig.work``, :func:`work_of`) is what its selected claims need, closed over what
 each step reads; None is everything. The constructions asked for by option (``--kvaudit-chunks``, a
-registered schedule) or brought by the backend (llama.cpp's ``warm``, ``restore``) run in every run: only
-``incremental`` and the replicas follow the claims.
+registered schedule) or brought by the backend (llama.cpp's ``restore``) run in every run: ``incremental``,
+the prefix-cache hits (``warm``), ``batched(B)`` and the replicas follow the claims.
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ REPLICA = ":replica"
 BASE = ("trajectory", "prefill")
 # ANALYSES (a claim may read or quote them, computed when one does) and CAPABILITIES (the needs an engine may
 # lack: the analyses and per-layer K/V) are declared with the engine record that lacks them (:mod:`.engines`)
-#: the constructions that follow the claims; every other one runs in every run
-SELECTED = ("incremental",)
+#: the constructions that follow the claims (by name, before any ``(arg)``): the bridge, an engine's prefix-cache
+#: hits (``warm``: the prefix_cache claim reads it) and vLLM's ``batched(B)``; every other one (a chunk schedule
+#: asked for by option, llama.cpp's ``restore``) runs in every run
+SELECTED = ("incremental", "warm", "batched")
 #: the exact claims' own work (replica_exactness, bridge_bitexact): the replicas and the bridge's construction,
 #: computed on every item or on the first ``--kvaudit-exact-items`` of the set (:func:`exact_item`)
 EXACT_WORK = ("replicas", "incremental")
@@ -158,7 +160,7 @@ def computes(work: Iterable[str] | None, what: str) -> bool:
         return "replicas" in w
     if what in GROUPS or what in CAPABILITIES:
         return what in w
-    return what not in SELECTED or what in w or "constructions" in w
+    return what.split("(")[0] not in SELECTED or what in w or "constructions" in w
 
 
 def work_of(needs: Iterable[str]) -> tuple[str, ...]:

@@ -134,7 +134,7 @@ class CellRecord:
     #: the end of what the model generated, decoded, when it never reached the boundary (for the report)
     generated_tail: str | None = None
     #: an engine whose constructions are requests (vLLM): per construction, the proof of what the engine did
-    #: (num_cached_tokens, prefill chunks, the batch it ran in, the marker's and the block-aligned boundary)
+    #: (num_cached_tokens, prefill chunks, the batch it ran in; the whole-block hit's boundary and verdict)
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property

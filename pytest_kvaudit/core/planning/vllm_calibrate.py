@@ -7,16 +7,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_kvaudit.core.compute.vllm_cells import aligned
 from pytest_kvaudit.core.model.config import BoundaryRule
 from pytest_kvaudit.core.model.items import find_boundary
-from pytest_kvaudit.core.runtime.backends.vllm_engine import BLOCK_SIZE
 
 
 def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:
     """The plan's calibration in requests (:mod:`..calibrate`): per item a prompt-only request and the live
     one, timed (per call = a decode step, per token = what a longer prompt adds), and a cold prefill of its
-    block-aligned prefix to see whether it diverges."""
+    prefix (at the item's own boundary) to see whether it diverges."""
     rows: list[dict[str, Any]] = []
     t_prompt = t_decode = 0.0
     n_prompt = n_decode = 0
@@ -32,8 +30,7 @@ def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], i
         t_decode += max(0.0, time.perf_counter() - t0 - 2 * t_p)
         t_prompt, n_prompt, n_decode = t_prompt + t_p, n_prompt + len(ids), n_decode + max(len(live.tokens) - 1, 0)
         gen = live.tokens
-        marker = find_boundary(gen, BoundaryRule.parse(it.boundary or item_set.boundary), be.decode)
-        b = None if marker is None else aligned(len(ids), marker, BLOCK_SIZE)
+        b = find_boundary(gen, BoundaryRule.parse(it.boundary or item_set.boundary), be.decode)  # the item's own
         ok = b is not None and b < min(len(gen), item_set.max_new_tokens) and gen[b - 1] not in be.eos_ids
         row = {"prompt": len(ids), "generated": len(gen), "boundary": b or 0, "eligible": ok, "divergent": False}
         if ok and b is not None:

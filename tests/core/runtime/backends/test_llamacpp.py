@@ -22,8 +22,9 @@ from pytest_kvaudit.core.runtime import state as kv
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'pytest-kvaudit[llamacpp]'")
 
 PROMPT = "What is 12 + 7? Show your steps."
-CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following",
-          "ledger_audit")
+#: prefix_cache judges llama.cpp inconclusive, saying why (its prompt cache has no blocks)
+CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "prefix_cache",
+          "donor_following", "ledger_audit")
 
 
 #: every test here loads the real model into llama.cpp: the full tier

