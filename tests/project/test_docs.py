@@ -138,7 +138,7 @@ def test_every_built_in_claim_has_its_page_and_every_claim_page_a_claim() -> Non
 def test_the_environment_page_lists_exactly_the_variables_the_package_reads() -> None:
     documented = set(re.findall(r"^\| `(KVAUDIT_\w+)` \|", (DOCS / "reference" / "environment.md").read_text(), re.M))
     assert documented == code_env()
-    assert "KVAUDIT_VLLM_BLOCK_SIZE" in documented
+    assert "KVAUDIT_LLAMACPP_N_CTX" in documented
 
 
 def test_docs_name_only_variables_that_exist() -> None:
