@@ -36,7 +36,7 @@ def test_bad_option_values_are_one_line_usage_errors(pytester: pytest.Pytester) 
 def test_missing_checkpoint_is_one_line_per_claim(pytester: pytest.Pytester, tmp_path: Path) -> None:
     setup_suite(pytester)
     res, _ = run(pytester, tmp_path / "nowhere")
-    res.assert_outcomes(errors=6)
+    res.assert_outcomes(errors=7)  # one a claim file setup_suite lays out, prefix_cache included
     res.stdout.fnmatch_lines(["*checkpoint directory */nowhere does not exist: pass --kvaudit-model=DIR*"])
     res.stdout.no_fnmatch_line("*Traceback*")
 
@@ -204,7 +204,7 @@ def test_fp32_noise_that_flips_tokens_fails_the_2x2(pytester: pytest.Pytester, t
 def test_zero_eligible_items_make_every_claim_inconclusive(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     setup_suite(pytester)
     res, data = run(pytester, tiny_llama, "--kvaudit-boundary=|||||")
-    res.assert_outcomes(skipped=6)  # five inconclusive, and the lossy-cache claim not applicable (no lossy kind)
+    res.assert_outcomes(skipped=7)  # five inconclusive; lossy_cache_budget (no lossy kind) and prefix_cache (no prefix cache) not applicable
     assert set(statuses(data).values()) == {"inconclusive"}
     assert data["items"]["eligible"] == 0 and data["items"]["ineligible"] == {"boundary_not_reached": 8}
     res.stdout.fnmatch_lines(["*replica_exactness inconclusive: 0 replica units, needs 4 (ineligible: boundary_not_reached 16)*"])

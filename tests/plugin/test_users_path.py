@@ -50,8 +50,9 @@ def test_model_alone_runs_every_builtin_claim_once_from_an_empty_directory(pytes
              "donor_following"}
     assert set(statuses(rep)) == names
     outcomes = res.parseoutcomes()
-    # seven tests, six verdicts: the lossy-cache claim skips, not applicable, with no lossy cache kind asked for
-    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) + outcomes.get("failed", 0) == 7
+    # eight tests, six verdicts: the lossy-cache and prefix-cache claims skip, not applicable (no lossy cache kind
+    # asked for; transformers has no prefix cache)
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) + outcomes.get("failed", 0) == 8
     data = json.loads(rep.read_text())
     assert data["items"]["set"] == "embedded:items.jsonl"
 
@@ -60,9 +61,9 @@ def test_model_alone_runs_every_builtin_claim_once_from_an_empty_directory(pytes
 def test_selection_by_name_and_by_k(pytester: pytest.Pytester) -> None:
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q",
                                         "--kvaudit-claims=donor_following,bridge_bitexact")
-    res.stdout.fnmatch_lines(["*test_bridge_bitexact*", "*test_donor_following*", "2/7 tests collected (5 deselected)*"])
+    res.stdout.fnmatch_lines(["*test_bridge_bitexact*", "*test_donor_following*", "2/8 tests collected (6 deselected)*"])
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q", "-k", "ledger")
-    res.stdout.fnmatch_lines(["*test_ledger_audit*", "1/7 tests collected (6 deselected)*"])
+    res.stdout.fnmatch_lines(["*test_ledger_audit*", "1/8 tests collected (7 deselected)*"])
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-claims=donors")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines(["ERROR: --kvaudit-claims: unknown claim 'donors'; built-in claims are replica_exactness,*"])
@@ -189,4 +190,4 @@ def test_a_users_conftest_beside_the_builtin_claims_is_no_internal_error(pyteste
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-dtypes=fp32",
                                         "--kvaudit-claims=replica_exactness", "-p", "no:cacheprovider")
     res.stdout.no_fnmatch_line("*INTERNALERROR*")
-    res.stdout.fnmatch_lines(["*1 skipped, 6 deselected*"])  # 2 items: inconclusive, a skip
+    res.stdout.fnmatch_lines(["*1 skipped, 7 deselected*"])  # 2 items: inconclusive, a skip

@@ -45,7 +45,7 @@ def test_plan_then_run_with_the_static_cache_axis(pytester: pytest.Pytester, tin
     planned = _run(pytester, tiny_llama, pytester.path / "plan.json", "--kvaudit-plan", "--kvaudit-cache=dynamic,static")
     assert planned.ret == pytest.ExitCode.OK, planned.stdout.str()
     assert not list(log.iterdir())  # no Store.compute in any process
-    planned.assert_outcomes(skipped=6)
+    planned.assert_outcomes(skipped=7)  # every claim file setup_suite lays out, prefix_cache included
     planned.stdout.fnmatch_lines(["*kvaudit plan (nothing computed beyond the calibration)*",
                                   "*forward tokens: at most*", "*forward tokens predicted:*calibration sample*",
                                   "*no exact prediction: no ledger recorded at*", "*peak K/V cache: bf16*",
