@@ -106,6 +106,9 @@ def known() -> list[str]:
 
 def check(name: str) -> str:
     if name not in _REGISTERED and name not in _entry_points():
+        if not known():  # an install whose metadata predates the entry points (an old editable install)
+            raise KvauditError(f"--kvaudit-backend={name!r}: no engine is registered under the {GROUP!r} entry "
+                               "points; reinstall pytest-kvaudit (pip install -e . in a checkout) so they are")
         raise KvauditError(f"--kvaudit-backend={name!r} is not a known backend: use {', '.join(known())}")
     return name
 

@@ -100,3 +100,12 @@ def test_the_plan_prices_the_memory_of_every_precision(dtype: str) -> None:
     m = memory(shape, 10, (dtype,), 1)
     assert m["bytes_per_cache"][dtype] == named(dtype).nbytes(2 * 2 * 16 * 2) * 10
     assert m["weights_bytes"][dtype] == named(dtype).nbytes(1000)
+
+
+def test_an_install_without_the_entry_points_says_to_reinstall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable install made before the engines became entry points lists none: the error says so, rather
+    than 'use' followed by nothing."""
+    monkeypatch.setattr(engines, "_REGISTERED", {})
+    monkeypatch.setattr(engines, "_entry_points", dict)
+    with pytest.raises(KvauditError, match="no engine is registered under the 'kvaudit.engines' entry points; reinstall"):
+        engines.check("transformers")
