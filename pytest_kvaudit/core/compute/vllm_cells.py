@@ -73,13 +73,29 @@ class VllmCellBuilder(CellBuilder):
         self.live: Live | None = None
         self.states: dict[str, Any] = {}
 
+    def stop_rule(self, after: int | None = None, lead: Sequence[int] = (), rule: BoundaryRule | None = None) -> dict[str, Any] | None:
+        """The item set's stop rule for a request (None when it has none): its suffix starts ``after`` ids into
+        the request's output behind ``lead`` (ids of the suffix already in its prompt), or where ``rule`` finds
+        the boundary in the output (the live request and its replica)."""
+        regex = self.item_set.stop_regex
+        if regex is None:
+            return None
+        if rule is not None:
+            return {"regex": regex, "marker": rule.marker, "tokens": rule.tokens}
+        return {"regex": regex, "after": after or 0, "lead": list(lead)}
+
     def request(self, rec: CellRecord, name: str, first: Sequence[int], force: Sequence[int], budget: int,
-                reset: bool = True, others: int = 0, tokens: int | None = None) -> Any:
-        """One request (``others`` more beside it), counted in the cost; its proof is kept on the record."""
+                reset: bool = True, others: int = 0, tokens: int | None = None,
+                stop: dict[str, Any] | None | bool = True) -> Any:
+        """One request (``others`` more beside it), counted in the cost; its proof is kept on the record. It
+        stops where the item set's stop rule ends its suffix (``stop``; by default the suffix follows the forced
+        ids), as a transformers decoder does; the ``others`` of ``batched(B)`` decode to the budget, so the
+        batch around it is the one it always had."""
         if reset:
             self.be.reset()
-        rows = [(list(first), len(force) + budget, list(force))]
-        rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force)) for k in range(1, others + 1)]
+        rule = self.stop_rule(len(force)) if stop is True else (stop or None)
+        rows = [(list(first), len(force) + budget, list(force), rule)]
+        rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force), None) for k in range(1, others + 1)]
         done = self.be.run(rows, tokens)
         for d in done:
             self.cost.forward_calls += len(d.steps)
@@ -95,7 +111,8 @@ class VllmCellBuilder(CellBuilder):
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
         max_new = self.item_set.max_new_tokens
         self.states = {}
-        d = self.request(CellRecord(item.id, dtype, prompt, (), None, None, item.answer), "live", prompt, (), max_new)
+        d = self.request(CellRecord(item.id, dtype, prompt, (), None, None, item.answer), "live", prompt, (), max_new,
+                         stop=self.stop_rule(rule=rule))
         gen, rows = d.tokens, d.rows
         b = find_boundary(gen, rule, self.decode)
         if b is not None and b < len(gen):
@@ -123,7 +140,7 @@ class VllmCellBuilder(CellBuilder):
         return rec, self.live
 
     def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
-        d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens)
+        d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens, stop=self.stop_rule(rule=rule))
         b = boundary or 0
         if d.tokens[:b] == rec.generated[:b] and len(d.tokens) > b:
             state = self.be.read(d.blocks, len(prompt) + b - 1)

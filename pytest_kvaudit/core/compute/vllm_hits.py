@@ -70,7 +70,9 @@ def whole_block(b: Any, rec: CellRecord, live: Any, max_new: int) -> None:
     h = len(prefix) - 1
     ref = b.be.read(live.blocks, h)  # the live request's own blocks, before any fault
     fault_blocks(b, live.blocks, h, WHOLE)
-    d = b.request(rec, WHOLE, prefix, (), max_new - bw, reset=False)
+    # it stops where the live request stopped: the stop rule reads the suffix from the item's own boundary
+    lead, after = (list(live.tokens[marker:bw]), 0) if bw > marker else ([], marker - bw)
+    d = b.request(rec, WHOLE, prefix, (), max_new - bw, reset=False, stop=b.stop_rule(after, lead))
     got = b.be.read(d.blocks, h)
     tokens, rows = stopped(b.dec.stop, d.tokens, d.rows)
     want, want_rows = stopped(b.dec.stop, live.tokens[bw:], live.rows[bw:])
@@ -88,7 +90,7 @@ def cross(b: Any, rec: CellRecord, prefix: tuple[int, ...], budget: int) -> Any:
     if not shared:
         rec.requests[CROSS] = {"num_cached_tokens": 0, "reason": f"{h} ids fill no whole block of {b.block}"}
         return None
-    b.request(rec, f"{CROSS}:writer", other_tail(prefix, shared), (), 1)
+    b.request(rec, f"{CROSS}:writer", other_tail(prefix, shared), (), 1, stop=False)
     d = b.request(rec, CROSS, prefix[:-1], prefix[-1:], budget, reset=False)
     state = b.be.read(d.blocks, h)
     tokens, rows = stopped(b.dec.stop, d.tokens[1:], d.rows[1:])

@@ -59,11 +59,16 @@ def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequen
     b.be.hooks.between = lambda blocks: b.be.write(blocks[:n], state)  # exactly prefix[:-1]'s positions
     try:
         d = b.request(rec, path, prefix[:-1], prefix[-1:], budget)
+        fired = b.be.hooks.between is None
     finally:
         b.be.hooks.between = None
     if d.cached or len(d.steps) < 2 or d.steps[0][0] != h:
         raise KvauditError(f"vllm: {path} did not prefill prefix[:-1] in one step before decoding "
                            f"(cached {d.cached}, steps {[s for s, _ in d.steps[:3]]})")
+    # the proof: once the request is done, its blocks hold exactly what was written over prefix[:-1]
+    if not fired or vs.fingerprint(b.be.read(d.blocks, h)) != vs.fingerprint(state):
+        raise KvauditError(f"vllm: {path}: the written K/V did not hold in the request's blocks (the write ran "
+                           f"{'too early' if fired else 'never'}); its continuation would not be the transplant's")
     rec.requests[path]["covered"] = h
     return replace(d, tokens=d.tokens[1:], rows=d.rows[1:])
 

@@ -36,6 +36,7 @@ from pytest_kvaudit.core.runtime.backends.vllm_engine import (
     FORCE,
     NAME,
     PINNED,
+    STOP,
     TOP_K,
     Done,
     SchedulerHooks,
@@ -48,7 +49,10 @@ from pytest_kvaudit.core.runtime.backends.vllm_ranks import Ranks
 from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 
-__all__ = ["NAME", "PINNED", "Done", "VllmBackend", "internal", "open_backend"]
+__all__ = ["NAME", "PINNED", "Done", "Request", "VllmBackend", "internal", "open_backend"]
+
+#: one request: its prompt ids, ``max_tokens``, the ids it forces as decode steps, and optionally its stop rule
+Request = tuple[Sequence[int], int, Sequence[int]] | tuple[Sequence[int], int, Sequence[int], Mapping[str, Any] | None]
 
 
 class VllmBackend:
@@ -133,24 +137,27 @@ class VllmBackend:
         if not self.llm.reset_prefix_cache():
             raise KvauditError(f"{NAME}: reset_prefix_cache() refused (requests still running?)")
 
-    def run(self, requests: Sequence[tuple[Sequence[int], int, Sequence[int]]], budget: int | None = None) -> list[Done]:
-        """Serve ``(prompt ids, max_tokens, forced ids)`` requests in one call (one batch), greedily; ``budget``
-        sets the scheduler's token budget per step for this call (chunked prefill)."""
+    def run(self, requests: Sequence[Request], budget: int | None = None) -> list[Done]:
+        """Serve ``(prompt ids, max_tokens, forced ids[, stop rule])`` requests in one call (one batch), greedily;
+        ``budget`` sets the scheduler's token budget per step for this call (chunked prefill). A stop rule
+        (:data:`.vllm_engine.STOP`, without ``eos``: this backend adds it) ends the request where the item set's
+        stop regex matches its suffix, as a transformers decoder stops, rather than at ``max_tokens``."""
         from vllm import SamplingParams
 
         self.hooks.clear()
-        params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=self.top_k, stop_token_ids=sorted(self.eos_ids),
-                                 detokenize=False, extra_args={FORCE: list(f)} if f else None) for _, m, f in requests]
+        params = [SamplingParams(temperature=0.0, max_tokens=r[1], logprobs=self.top_k,
+                                 stop_token_ids=sorted(self.eos_ids), detokenize=False,
+                                 extra_args=self._extra(r)) for r in requests]
         old = self.scheduler.max_num_scheduled_tokens
         self.scheduler.max_num_scheduled_tokens = budget or old
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                outs = self.llm.generate([{"prompt_token_ids": list(p)} for p, _, _ in requests], params, use_tqdm=False)
+                outs = self.llm.generate([{"prompt_token_ids": list(r[0])} for r in requests], params, use_tqdm=False)
         finally:
             self.scheduler.max_num_scheduled_tokens = old
         done = []
-        for (prompt, _, _), out in zip(requests, outs):
+        for (prompt, *_), out in zip(requests, outs):
             rid = next(k for k in self.hooks.freed if k.split("-")[0] == out.request_id)
             c = out.outputs[0]
             rows = [sorted(((int(t), float(lp.logprob)) for t, lp in row.items()), key=lambda x: (-x[1], x[0]))[: self.top_k]
@@ -159,6 +166,15 @@ class VllmBackend:
             done.append(Done(len(prompt), tuple(int(t) for t in c.token_ids), rows, int(out.num_cached_tokens or 0),
                              self.hooks.freed[rid], steps))
         return done
+
+    def _extra(self, request: Request) -> dict[str, Any] | None:
+        extra: dict[str, Any] = {}
+        if request[2]:
+            extra[FORCE] = list(request[2])
+        stop = request[3] if len(request) > 3 else None
+        if stop is not None and self.eos_ids:  # without an EOS id there is nothing to stop on: to the budget
+            extra[STOP] = dict(stop) | {"eos": min(self.eos_ids)}
+        return extra or None
 
     # -- blocks --------------------------------------------------------------------------------
     def read(self, blocks: Sequence[int], positions: int) -> Any:

@@ -36,6 +36,10 @@ BATCH_INVARIANT = "batch_invariant"
 DTYPES = {p.name: p.torch for p in PRECISIONS if p.torch is not None}  # the one precision table's torch names
 TOP_K = 20
 FORCE = "kvaudit_force"
+#: a request's stop rule, for :class:`.vllm_force.ForceTokens`: ``regex``, ``eos`` (the id it forces), and where the
+#: suffix starts: ``after`` ids into the output (behind ``lead`` ids already in the prompt), or the boundary
+#: rule (``marker``/``tokens``) found in the output
+STOP = "kvaudit_stop"
 
 
 def load_vllm() -> Any:
@@ -117,10 +121,14 @@ class SchedulerHooks:
         self.freed: dict[str, list[int]] = {}
         self.steps: list[dict[str, int]] = []
         #: called once with the first request's blocks between the call's first engine step and its second (a
-        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them)
+        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them).
+        #: It runs when the first step's output is taken (``update_from_output``), not at the next ``schedule``:
+        #: the engine may call ``schedule`` again (empty) while that step still executes (its batch queue), and a
+        #: write then lands under the prefill's own, layer by layer
         self.between: Callable[[list[int]], None] | None = None
         self.first_blocks: list[int] = []
         free, schedule = internal(scheduler, "_free_request_blocks"), internal(scheduler, "schedule")
+        update = internal(scheduler, "update_from_output")
         manager = internal(scheduler, "kv_cache_manager")
 
         def freeing(request: Any) -> Any:
@@ -131,17 +139,23 @@ class SchedulerHooks:
             return free(request)
 
         def scheduling(*a: Any, **kw: Any) -> Any:
-            if self.between is not None and len(self.steps) == 1:  # the first step ran: its K/V are in the blocks
-                fn, self.between = self.between, None
-                fn(self.first_blocks)
             out = schedule(*a, **kw)
-            if not self.steps and out.scheduled_new_reqs:
+            if not self.first_blocks and out.scheduled_new_reqs:
                 self.first_blocks = list(out.scheduled_new_reqs[0].block_ids[0])
-            self.steps.append(dict(out.num_scheduled_tokens))
+            if out.num_scheduled_tokens:  # an empty schedule (nothing ready while a step runs) is no step
+                self.steps.append(dict(out.num_scheduled_tokens))
             return out
+
+        def updating(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
+            result = update(scheduler_output, *a, **kw)
+            if self.between is not None and self.first_blocks and scheduler_output.num_scheduled_tokens:
+                fn, self.between = self.between, None  # the first step executed: its K/V are in the blocks
+                fn(self.first_blocks)
+            return result
 
         scheduler._free_request_blocks = freeing
         scheduler.schedule = scheduling
+        scheduler.update_from_output = updating
 
     def clear(self) -> None:
         self.freed.clear()

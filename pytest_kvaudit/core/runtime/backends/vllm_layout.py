@@ -14,8 +14,14 @@ convention (its forward's split), kept in :data:`PACKING`:
 
 - ``content``: a token's content is ``[K | V]`` (``kv_cache.transpose(1, 2).split(head_size, -1)``:
   ``flash_attn.py``, ``triton_attn.py``, ``flex_attention.py``, ``flashinfer.py``);
-- ``rows``: a head's page is viewed as ``[2 * N, head_size]``, the block's K rows then its V rows
-  (``kv_cache.view(blocks, heads, 2 * N, -1).chunk(2, dim=2)``: ``cpu_attn.py``).
+- ``kernel``: the page's order is the kernel's own, per ISA (``cpu_attn.py`` views a head's page as
+  ``[2 * N, head_size]``, K then V, but the C++ ``reshape_and_cache`` of the ``vec`` ISA writes K
+  *column-major*, ``[head_size, N]``, and V row-major; the AMX and NEON kernels pack their own ways). So the
+  map from (K or V, head, row, dim) to an offset in the page is *probed*: the engine's own
+  ``cpu_attn_reshape_and_cache`` writes a page of known codes once per (ISA, dtype, shape)
+  (:func:`probe_page`), and reads and writes go through that map. A read in any other order is a
+  permutation of the truth: harmless to a fingerprint of full blocks, wrong for a position, a partial block or
+  a transplant.
 
 A backend named in neither, MLA's latent cache and per-token quantised caches are refused in one line.
 Positions map to cells as vLLM's slot mapping does: position ``p`` of a request holding manager blocks
@@ -32,7 +38,7 @@ from typing import Any
 from pytest_kvaudit.core.errors import UnsupportedCacheError
 
 #: each backend's split of a block into K and V (see the module docstring)
-PACKING = {"CPU_ATTN": "rows", "FLASH_ATTN": "content", "TRITON_ATTN": "content", "FLEX_ATTENTION": "content",
+PACKING = {"CPU_ATTN": "kernel", "FLASH_ATTN": "content", "TRITON_ATTN": "content", "FLEX_ATTENTION": "content",
            "FLASHINFER": "content", "ROCM_ATTN": "content", "ROCM_AITER_UNIFIED_ATTN": "content"}
 
 
@@ -47,6 +53,8 @@ class KvLayout:
     kernel_block_size: int  # N: tokens per kernel block (divides block_size)
     kv_heads: int  # KV heads on this rank
     head_size: int
+    isa: str = ""  # the CPU attention kernel's ISA (``kernel`` packing: its page map is probed per ISA)
+    dtype: str = ""  # the cache's torch dtype (``kernel`` packing)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +75,24 @@ class KvLayout:
         slot = p % self.block_size
         ratio = self.block_size // self.kernel_block_size
         return ids[p // self.block_size] * ratio + slot // self.kernel_block_size, slot % self.kernel_block_size
+
+    def _page(self) -> Any:
+        """``kernel`` packing: per (side, head, row, dim), the element's offset inside a kernel block's page."""
+        import torch
+
+        return probe_page(self.isa, getattr(torch, self.dtype.removeprefix("torch.")), self.kv_heads,
+                          self.kernel_block_size, self.head_size)
+
+    def _flat(self, cache: Any, blocks: Sequence[int], positions: int, side: int) -> tuple[Any, Any]:
+        """``kernel`` packing: the cache's storage as one flat tensor and the offsets of ``side`` for each of
+        the first ``positions`` positions, ``[positions, heads, head_size]``."""
+        import torch
+
+        kb, row = self.slots(blocks, positions)
+        page = self._page()[side]  # [H, N, hs]
+        offsets = kb[:, None, None] * cache.stride(0) + page[:, row].permute(1, 0, 2)
+        size = (cache.shape[0] - 1) * cache.stride(0) + cache[0].numel()
+        return cache.as_strided((size,), (1,), cache.storage_offset()), offsets.to(cache.device)
 
     def _cells(self, side: int, row: Any) -> tuple[Any, Any]:
         """(logical N index, first content element) of K (side 0) or V (side 1) at each kernel-block row."""
@@ -89,6 +115,10 @@ class KvLayout:
 
         out = []
         for side in (0, 1):
+            if self.packing == "kernel":
+                flat, offsets = self._flat(cache, blocks, positions, side)
+                out.append(flat[offsets].permute(1, 0, 2))  # [P, H, hs] -> [H, P, hs]
+                continue
             kb, n, cols = self._index(blocks, positions, side)
             kb, n, cols = (x.to(cache.device) for x in (kb, n, cols))
             out.append(cache[kb, :, n, cols].permute(2, 0, 1))  # [P, hs, H] -> [H, P, hs]
@@ -97,6 +127,10 @@ class KvLayout:
     def write(self, cache: Any, blocks: Sequence[int], kv: Any) -> None:
         """Overwrite the cells of ``kv``'s positions (``[2, kv_heads, positions, head_size]``) in place."""
         for side in (0, 1):
+            if self.packing == "kernel":
+                flat, offsets = self._flat(cache, blocks, int(kv.shape[2]), side)
+                flat[offsets] = kv[side].permute(1, 0, 2).to(device=cache.device, dtype=cache.dtype)
+                continue
             kb, n, cols = self._index(blocks, int(kv.shape[2]), side)
             kb, n, cols = (x.to(cache.device) for x in (kb, n, cols))
             cache[kb, :, n, cols] = kv[side].permute(1, 2, 0).to(device=cache.device, dtype=cache.dtype)
@@ -124,7 +158,47 @@ def packing(backend: str) -> str:
     return PACKING[backend]
 
 
-def layout_of(backend: Any, spec: Any, layout: Any, cache: Any) -> KvLayout:
+_PAGES: dict[tuple[str, Any, int, int, int], Any] = {}
+
+
+def probe_page(isa: str, dtype: Any, heads: int, n: int, head_size: int) -> Any:
+    """Where the CPU attention kernel of ``isa`` puts each element of a kernel block's page: ``[2, heads, n,
+    head_size]`` offsets into the page ``[heads, n, 2 * head_size]`` (K then V), found by letting the engine's own
+    ``cpu_attn_reshape_and_cache`` write a page of codes (row, dim and head, each + 1: exact in bf16 and fp16),
+    once per (ISA, dtype, shape). A page the kernel does not fill one to one is refused in one line."""
+    key = (isa, dtype, heads, n, head_size)
+    if key in _PAGES:
+        return _PAGES[key]
+    import torch
+    from vllm import _custom_ops as ops
+
+    if max(n, head_size, heads) + 1 > 256:
+        raise UnsupportedCacheError(f"vllm: a page of {n} tokens x {head_size} x {heads} heads is too large to probe")
+    codes = {"row": lambda t, h, d: t + 1, "dim": lambda t, h, d: d + 1, "head": lambda t, h, d: h + 1}
+    t, h, d = torch.meshgrid(torch.arange(n), torch.arange(heads), torch.arange(head_size), indexing="ij")
+    found: dict[tuple[int, str], Any] = {}
+    for side in (0, 1):
+        for name, code in codes.items():
+            cache = torch.full((1, heads, n, 2 * head_size), -1.0, dtype=dtype)
+            k_cache, v_cache = cache.view(1, heads, 2 * n, head_size).chunk(2, dim=2)
+            values = code(t, h, d).to(dtype)
+            zeros = torch.zeros_like(values)
+            kv = (values, zeros) if side == 0 else (zeros, values)
+            ops.cpu_attn_reshape_and_cache(kv[0], kv[1], k_cache, v_cache, torch.arange(n), isa)
+            found[(side, name)] = cache.flatten()
+    page = torch.full((2, heads, n, head_size), -1, dtype=torch.long)
+    for side in (0, 1):
+        at = (found[(side, "row")] >= 1).nonzero().flatten()
+        rows, dims, hs = (found[(side, k)][at].long() - 1 for k in ("row", "dim", "head"))
+        page[side, hs, rows, dims] = at
+    if (page < 0).any() or page.flatten().unique().numel() != page.numel():
+        raise UnsupportedCacheError(f"vllm: the CPU attention kernel ({isa}) does not write one page cell per K/V "
+                                    "element: its page cannot be read")
+    _PAGES[key] = page
+    return page
+
+
+def layout_of(backend: Any, spec: Any, layout: Any, cache: Any, isa: str = "") -> KvLayout:
     """The :class:`KvLayout` of one cache tensor bound to ``backend`` (a class), ``spec`` (its KVCacheSpec)
     and ``layout`` (the resolved ``KVCacheLayout``)."""
     from vllm.v1.kv_cache_interface import AttentionSpec, KVQuantMode, MLAAttentionSpec
@@ -138,7 +212,10 @@ def layout_of(backend: Any, spec: Any, layout: Any, cache: Any) -> KvLayout:
     if spec.kv_quant_mode not in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR) or spec.head_size_v != spec.head_size:
         raise UnsupportedCacheError(f"vllm: {name}'s cache ({spec.kv_quant_mode.name}, head sizes {spec.head_size}/"
                                     f"{spec.head_size_v}) is not plain K/V: not available")
-    out = KvLayout(name, layout.name, packing(name), int(spec.block_size), int(cache.shape[2]), int(spec.num_kv_heads),
-                   int(spec.head_size))
+    kind = packing(name)
+    if kind == "kernel" and not isa:
+        raise UnsupportedCacheError(f"vllm: {name}'s page order is its kernel's, per ISA, and no ISA was given")
+    out = KvLayout(name, layout.name, kind, int(spec.block_size), int(cache.shape[2]), int(spec.num_kv_heads),
+                   int(spec.head_size), isa if kind == "kernel" else "", str(cache.dtype) if kind == "kernel" else "")
     out.check(cache)
     return out

@@ -28,7 +28,7 @@ def _runner_layout(worker: Any) -> tuple[Any, KvLayout]:
                                     "is supported")
     g = groups[0]
     layout = runner.cache_config.get_resolved_kv_cache_layout()
-    return runner, layout_of(g.backend, g.kv_cache_spec, layout, runner.kv_caches[0])
+    return runner, layout_of(g.backend, g.kv_cache_spec, layout, runner.kv_caches[0], attention_isa(runner))
 
 
 def describe_rank(worker: Any) -> dict[str, Any]:

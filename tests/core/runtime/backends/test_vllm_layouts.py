@@ -3,7 +3,8 @@
 No engine: each backend's caches are made by vLLM's own functions (the layout its class declares, resolved by
 ``get_supported_kv_cache_layouts``; strides by ``compute_layout_strides``; per-layer views by
 ``create_kv_cache_views``), and the reference for where a position's K and V sit is the backend's own split of
-a block (its forward's ``split``/``chunk``) under vLLM's slot mapping. FLASHINFER's class imports behind a stub
+a block (its forward's ``split``/``chunk``) under vLLM's slot mapping; for CPU_ATTN, whose page order is its C++
+kernel's per ISA, the reference is that kernel itself (``cpu_attn_reshape_and_cache`` writing at vLLM's slots). FLASHINFER's class imports behind a stub
 of the ``flashinfer`` package (absent here) and its layout follows its rule per compute capability.
 """
 
@@ -94,20 +95,65 @@ def _reference(name: str, cache: Any, blocks: list[int], positions: int) -> Any:
         slot = blocks[p // BLOCK] * BLOCK + p % BLOCK  # vLLM's slot mapping
         page = grouped[slot // BLOCK, (slot % BLOCK) // n]
         row = slot % n
-        if name == "CPU_ATTN":  # cpu_attn.py: kv_cache.view(blocks, heads, 2 * N, -1).chunk(2, dim=2), per block
-            k, v = page.reshape(HEADS, 2 * n, HEAD).chunk(2, dim=1)
-            out[0, :, p], out[1, :, p] = k[:, row], v[:, row]
-        else:  # flash_attn/triton_attn/flex_attention/flashinfer: kv_cache.transpose(1, 2).split(head_size, dim=-1)
-            k, v = page.transpose(0, 1).split(HEAD, dim=-1)
-            out[0, :, p], out[1, :, p] = k[row], v[row]
+        # flash_attn/triton_attn/flex_attention/flashinfer: kv_cache.transpose(1, 2).split(head_size, dim=-1)
+        k, v = page.transpose(0, 1).split(HEAD, dim=-1)
+        out[0, :, p], out[1, :, p] = k[row], v[row]
     return out
 
 
+def _kernel_write(cache: Any, blocks: list[int], kv: Any, isa: str) -> None:
+    """K/V ``[2, heads, positions, head]`` written by the CPU attention kernel itself, at vLLM's slot mapping
+    (``cpu_attn.py: do_kv_cache_update``)."""
+    from vllm import _custom_ops as ops
+
+    slots = torch.tensor([blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(kv.shape[2])])
+    k_cache, v_cache = cache.view(cache.shape[0], HEADS, 2 * cache.shape[2], HEAD).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(kv[0].transpose(0, 1).contiguous(), kv[1].transpose(0, 1).contiguous(), k_cache,
+                                   v_cache, slots, isa)
+
+
+#: the CPU kernel's ISAs runnable here: vec and vec16 on every x86 CPU, AMX where the CPU has it
+ISAS = ["vec", "vec16"] + (["amx"] if torch.cpu._is_amx_tile_supported() else [])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_cpu_attn_reads_and_writes_what_its_kernel_writes(isa: str, dtype: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU_ATTN's page order is its kernel's (the vec ISA writes K column-major): a read returns exactly the K/V
+    the kernel wrote at vLLM's slots, partial last block included, and a write leaves every byte as the kernel
+    would have."""
+    if isa == "amx" and dtype != torch.bfloat16:
+        pytest.skip("the AMX kernel runs bf16 caches")
+    backend = _backend("CPU_ATTN", monkeypatch)
+    views, spec, layout = _caches(backend, dtype=dtype)
+    lay = layout_of(backend, spec, layout, views[0], isa)
+    assert (lay.packing, lay.isa) == ("kernel", isa)
+    blocks, positions = [4, 1, 3], 70  # out of order, the last block partial
+    kv = torch.randn(2, HEADS, positions, HEAD).to(dtype)
+    _kernel_write(views[0], blocks, kv, isa)
+    assert torch.equal(lay.read(views[0], blocks, positions), kv)
+    by_kernel, by_us = views[1].clone(), views[1].clone()
+    _kernel_write(by_kernel, [0, 5, 2], kv, isa)
+    lay.write(by_us, [0, 5, 2], kv)
+    assert torch.equal(by_us.view(torch.uint8), by_kernel.view(torch.uint8))  # every byte, bit for bit
+    # a transplant: layer 1 of one request's blocks into another's, read back bit for bit, the rest its own
+    a = vs.VllmState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
+    b = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    moved = vs.transplant(b, a, [1])
+    for v, layer in zip(views, moved.layers):
+        lay.write(v, [0, 5, 2], layer)
+    back = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    assert vs.fingerprint(back) == vs.fingerprint(moved) != vs.fingerprint(b)
+    # the row-major reading the forward's view suggests is not the kernel's: it reads other values
+    rows = KvLayout(**(lay.as_dict() | {"packing": "content"}))
+    assert not torch.equal(rows.read(views[0], blocks, positions), kv)
+
+
 #: (backend, compute capability, kernel block): each backend's own layout, FLASHINFER per its rule, kernel blocks
-CASES = [("CPU_ATTN", None, None, "LBHNC"), ("FLASH_ATTN", (9, 0), None, "LBNHC"), ("TRITON_ATTN", (9, 0), None, "LBNHC"),
+CASES = [("FLASH_ATTN", (9, 0), None, "LBNHC"), ("TRITON_ATTN", (9, 0), None, "LBNHC"),
          ("FLEX_ATTENTION", (9, 0), None, "LBNHC"), ("FLASHINFER", (10, 0), None, "LBHNC"),
          ("FLASHINFER", (9, 0), None, "LBNHC"), ("FLASH_ATTN", (9, 0), 16, "LBNHC")]
-IDS = ["cpu_attn", "flash_attn", "triton_attn", "flex_attention", "flashinfer-sm100", "flashinfer-sm90",
+IDS = ["flash_attn", "triton_attn", "flex_attention", "flashinfer-sm100", "flashinfer-sm90",
        "flash_attn-kernel16"]
 
 
@@ -141,7 +187,7 @@ def test_reads_writes_and_transplants_round_trip_through_each_declared_layout(
     assert [c.layer for c in vs.compare(back, b) if not c.keys_equal] == [1]
 
 
-@pytest.mark.parametrize("name", ["CPU_ATTN", "FLASH_ATTN"])
+@pytest.mark.parametrize("name", ["FLASH_ATTN"])
 def test_a_misread_layout_is_caught(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference is strict: the other K/V split reads other values, and a tensor in another memory order
     than the one declared is refused."""
@@ -150,7 +196,7 @@ def test_a_misread_layout_is_caught(name: str, monkeypatch: pytest.MonkeyPatch) 
     backend = _backend(name, monkeypatch, (9, 0))
     views, spec, layout = _caches(backend)
     lay = layout_of(backend, spec, layout, views[0])
-    other = KvLayout(**(lay.as_dict() | {"packing": "content" if lay.packing == "rows" else "rows"}))
+    other = KvLayout(**(lay.as_dict() | {"packing": "kernel", "isa": "vec", "dtype": str(views[0].dtype)}))
     assert not torch.equal(other.read(views[0], [1, 2], 40), _reference(name, views[0], [1, 2], 40))
     swapped = KVCacheLayout.LBNHC if layout == KVCacheLayout.LBHNC else KVCacheLayout.LBHNC
     wrong, _, _ = _caches(backend, layout=swapped)
@@ -182,4 +228,4 @@ def test_mla_unknown_backends_and_short_blocks_are_one_line(monkeypatch: pytest.
     with pytest.raises(UnsupportedCacheError, match="K/V split of attention backend MY_ATTN is not known"):
         layout_of(odd, spec, layout, views[0])
     with pytest.raises(UnsupportedCacheError, match="70 positions need 3 blocks of 32, the request held 2"):
-        layout_of(backend, spec, layout, views[0]).read(views[0], [1, 2], 70)
+        layout_of(backend, spec, layout, views[0], "vec").read(views[0], [1, 2], 70)
