@@ -86,7 +86,6 @@ class KvLayout:
     def _flat(self, cache: Any, blocks: Sequence[int], positions: int, side: int) -> tuple[Any, Any]:
         """``kernel`` packing: the cache's storage as one flat tensor and the offsets of ``side`` for each of
         the first ``positions`` positions, ``[positions, heads, head_size]``."""
-        import torch
 
         kb, row = self.slots(blocks, positions)
         page = self._page()[side]  # [H, N, hs]
