@@ -96,7 +96,7 @@ class VllmBackend:
         mc, pc = internal(core, "vllm_config.model_config"), internal(core, "vllm_config.parallel_config")
         # every rank's caches, through the executor (in process at TP=1), in the layout its backend declares
         self.ranks = Ranks(self.llm, int(mc.get_total_num_kv_heads()), int(pc.pipeline_parallel_size))
-        rank0, tp = self.ranks.info[0], self.ranks.tp
+        rank0 = self.ranks.info[0]
         eager = bool(mc.enforce_eager)
         self.dtype, self.block_size = dtype, self.ranks.layout.block_size
         # the ledger keys its environment on this name: the engine, its version and what decides its bits, with
@@ -113,23 +113,7 @@ class VllmBackend:
         self.identity = model_identity(spec, path) | {"backend": NAME}
         self.hooks = SchedulerHooks(self.scheduler)
         self.budget = int(self.scheduler.max_num_scheduled_tokens)
-        self.environment = {
-            "vllm": self.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: rank0["attention_backend"]},
-            "vllm_block_size": self.block_size, "vllm_enforce_eager": eager, "vllm_cuda_graphs": not eager,
-            "vllm_engine_args": self.engine_args, "vllm_batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT") == "1",
-            "vllm_max_num_batched_tokens": self.budget,
-            "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
-            "vllm_kv_cache_dtype": {dtype: rank0["dtype"]}, "vllm_kv_layout": {dtype: rank0["shape"]},
-            "vllm_attention_isa": {dtype: rank0["isa"]}, "vllm_logprobs_mode": "raw_logits",
-            "vllm_state_source": "kv_blocks",
-            "not_available": ["layer sweep (transplants are all layers or the identical ones)",
-                              "batch invariance probe (see the batched(B) construction)", "attention and cache axes",
-                              "pipeline parallel (each rank a slice of the layers)"],
-        }
-        # how the K/V were read: the declared layout (memory order, K/V split, kernel blocks) and the ranks
-        self.environment |= {"vllm_kv_cache_layout": {dtype: self.ranks.layout.as_dict()},
-                             "vllm_tensor_parallel_size": tp, "vllm_pipeline_parallel_size": int(pc.pipeline_parallel_size),
-                             "vllm_kv_heads_per_rank": self.ranks.layout.kv_heads}
+        self.environment = environment(self, core, dtype, eager)
 
     # -- requests ------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -208,6 +192,29 @@ class VllmBackend:
         lay = self.ranks.layout
         return {"layers": int(self.ranks.info[0]["layers"]), "kv_heads": lay.kv_heads * self.ranks.tp,
                 "head_dim": lay.head_size, "parameters": 0, "recurrent": 0}
+
+
+def environment(backend: VllmBackend, core: Any, dtype: str, eager: bool) -> dict[str, Any]:
+    """What decides this engine's bits, for the ledger's environment (the gate compares it): the version, the
+    attention backend and its declared layout (memory order, K/V split, kernel blocks), the ranks, and every
+    ``--kvaudit-engine-arg``."""
+    rank0, pc, lay = backend.ranks.info[0], internal(core, "vllm_config.parallel_config"), backend.ranks.layout
+    return {
+        "vllm": backend.version, "vllm_pinned": PINNED, "vllm_attention_backend": {dtype: rank0["attention_backend"]},
+        "vllm_block_size": backend.block_size, "vllm_enforce_eager": eager, "vllm_cuda_graphs": not eager,
+        "vllm_engine_args": backend.engine_args,
+        "vllm_batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+        "vllm_max_num_batched_tokens": backend.budget,
+        "vllm_chunked_prefill": bool(internal(core, "vllm_config.scheduler_config.enable_chunked_prefill")),
+        "vllm_kv_cache_dtype": {dtype: rank0["dtype"]}, "vllm_kv_layout": {dtype: rank0["shape"]},
+        "vllm_attention_isa": {dtype: rank0["isa"]}, "vllm_logprobs_mode": "raw_logits",
+        "vllm_state_source": "kv_blocks",
+        "not_available": ["layer sweep (transplants are all layers or the identical ones)",
+                          "batch invariance probe (see the batched(B) construction)", "attention and cache axes",
+                          "pipeline parallel (each rank a slice of the layers)"],
+        "vllm_kv_cache_layout": {dtype: lay.as_dict()}, "vllm_tensor_parallel_size": backend.ranks.tp,
+        "vllm_pipeline_parallel_size": int(pc.pipeline_parallel_size), "vllm_kv_heads_per_rank": lay.kv_heads,
+    }
 
 
 def open_backend(spec: str, dtype: str, device: str = "auto", attn: str | None = None, trust_remote_code: bool = False,
