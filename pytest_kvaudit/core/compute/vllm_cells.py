@@ -97,22 +97,26 @@ class VllmCellBuilder(CellBuilder):
         rows = [(list(first), len(force) + budget, list(force), rule)]
         rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force), None) for k in range(1, others + 1)]
         done = self.be.run(rows, tokens)
-        for d in done:
-            self.cost.forward_calls += len(d.steps)
-            self.cost.forward_tokens += d.prompt_len - d.cached + max(len(d.tokens) - 1, 0)
+        calls = sum(len(d.steps) for d in done)
+        spent = sum(d.prompt_len - d.cached + max(len(d.tokens) - 1, 0) for d in done)
+        self.cost.forward_calls += calls
+        self.cost.forward_tokens += spent
         d = done[0]
         if tuple(d.tokens[: len(force)]) != tuple(force):
             raise KvauditError(f"vllm: the forced ids of {name} were not taken (the logits processor did not run)")
+        # what the engine computed for it, the batch's others included: the run's price is its records' sum
+        was = rec.requests.get(name, {}).get("cost", (0, 0))
         rec.requests[name] = {"prompt": d.prompt_len, "forced": len(force), "num_cached_tokens": d.cached,
-                              "prefill_chunks": d.prefill_chunks, "prefill_batch": d.prefill_batch}
+                              "prefill_chunks": d.prefill_chunks, "prefill_batch": d.prefill_batch,
+                              "cost": [was[0] + calls, was[1] + spent]}
         return d
 
     # -- the pipeline's steps, as requests --------------------------------------------------------
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
         max_new = self.item_set.max_new_tokens
         self.states = {}
-        d = self.request(CellRecord(item.id, dtype, prompt, (), None, None, item.answer), "live", prompt, (), max_new,
-                         stop=self.stop_rule(rule=rule))
+        first = CellRecord(item.id, dtype, prompt, (), None, None, item.answer)
+        d = self.request(first, "live", prompt, (), max_new, stop=self.stop_rule(rule=rule))
         gen, rows = d.tokens, d.rows
         b = find_boundary(gen, rule, self.decode)
         if b is not None and b < len(gen):
@@ -120,7 +124,8 @@ class VllmCellBuilder(CellBuilder):
             gen, rows = gen[:b] + suffix, list(rows[:b]) + tail
         reason = ineligible(gen, b, max_new, self.dec.eos_ids)
         rec = CellRecord(item.id, dtype, prompt, gen, b, reason, item.answer)
-        rec.requests["live"] = {"prompt": len(prompt), "forced": 0, "num_cached_tokens": d.cached, "boundary": b}
+        rec.requests["live"] = {"prompt": len(prompt), "forced": 0, "num_cached_tokens": d.cached, "boundary": b,
+                                "cost": first.requests["live"]["cost"]}
         if reason is not None:
             if b is None:
                 rec.generated_tail = self.decode(gen[-TAIL_TOKENS:])[-TAIL_CHARS:]

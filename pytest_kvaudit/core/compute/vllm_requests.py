@@ -89,3 +89,29 @@ def other_tail(prefix: Sequence[int], shared: int) -> list[int]:
     those ids, then the next id changed (a different question after a shared system prompt)."""
     nxt = prefix[shared] if shared < len(prefix) else 0
     return [*prefix[:shared], nxt + 1 if nxt > 0 else 1]
+
+
+#: the block size kvaudit's vLLM engine runs unless ``--kvaudit-engine-arg block_size=N`` says otherwise
+BLOCK = 32
+
+
+def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -> tuple[int, int] | None:
+    """The plan's price (calls, tokens) of a vLLM step that is not the pipeline's forward model, from the
+    requests :class:`.vllm_cells.VllmCellBuilder` sends (``head`` ids before the prefix's last, ``suffix`` decode
+    steps, ``budget`` what a request may decode); None for a step priced as declared (``prefill``,
+    ``incremental``, ``chunked(c)`` and the 2x2's cells cost what their forwards do):
+
+    - ``warm``: the partial hit (its tail after the last whole block prefilled), the whole-block hit (the ids
+      between its block edge and the boundary, decoded), the request that writes the cross-request hit's
+      blocks and the cross-request hit itself;
+    - ``batched(B)``: the unit's request and ``B`` others of its length, which decode to the budget;
+    - ``transplant``: one cold request that prefills ``prefix[:-1]`` again before its continuation."""
+    tail = head - cacheable(head + 1, BLOCK)
+    if name == "warm":
+        return 3 * (1 + suffix) + 1 + tail, 3 * (tail + suffix) + (head - tail) + 1
+    if name.startswith("batched("):
+        b = int(name[len("batched("):-1])
+        return 1 + suffix + b * (1 + budget), head + suffix + b * (head + budget)
+    if name == "transplant":
+        return 1 + suffix, head + suffix
+    return None

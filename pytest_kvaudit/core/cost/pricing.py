@@ -31,6 +31,7 @@ from pytest_kvaudit.core.model.pipeline import (
     LIVE,
     LIVE_REPLICA,
     replica_generated,
+    request_costs,
     step_named,
 )
 
@@ -48,6 +49,7 @@ class Lengths:
     eligible: bool = True
     divergent: bool = False
     generated: int | None = None  # an ineligible trajectory's generation (default boundary + suffix)
+    budget: int | None = None  # the suffix's token budget (default the suffix): what a request may decode
 
     @property
     def gen(self) -> int:
@@ -146,9 +148,13 @@ def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
 def price(records: Iterable[Any]) -> dict[str, int]:
     """Forward calls and tokens of a run, priced from its records' lengths with the plan's model: equal to
     what the decoder counted when the model of the work is exact."""
-    acc = price_units(u for u in map(unit_of_record, records) if u is not None)
-    return {"forward_tokens": sum(a[2] for a in acc.values()),
-            "forward_calls_cells": sum(a[1] for k, a in acc.items() if k != "probes")}
+    records = list(records)
+    requested = [request_costs(r) for r in records if not r.error]  # a request-level engine's: as it counted
+    acc = price_units(u for r, u in zip(records, map(unit_of_record, records)) if u is not None and
+                      not request_costs(r))
+    return {"forward_tokens": sum(a[2] for a in acc.values()) + sum(t for c in requested for _, t in c.values()),
+            "forward_calls_cells": sum(a[1] for k, a in acc.items() if k != "probes") +
+            sum(n for c in requested for n, _ in c.values())}
 
 
 def _ids_len(text: Any) -> int:

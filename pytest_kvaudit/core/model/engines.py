@@ -62,6 +62,11 @@ class EngineSpec:
     state_reader: Any = None
     #: the report's lines about the engine, from the run's environment block; None: none
     report_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
+    #: a request-level engine's price of a step whose requests are not the pipeline's forwards (its prefix-cache
+    #: hits, a batch's other requests, a transplant that prefills again): ``request_price(name, prompt, head,
+    #: suffix, budget) -> (calls, tokens)``, or None for the step's declared price (``transplant`` names a
+    #: transplant's continuation; ``budget`` is the suffix's token budget). Its records carry what it counted
+    request_price: Callable[[str, int, int, int, int], tuple[int, int] | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not callable(self.opener):

@@ -219,11 +219,48 @@ def group_continuations(r: Any, group: str) -> Iterator[tuple[Step, int]]:
             yield s, len(c.suffix)
 
 
+# -- a request-level engine's records: each request's forward tokens as the engine counted them ----------------
+#: the requests a request-level engine runs inside its ``warm`` step besides the partial hit (vLLM's whole-block
+#: hit, and the cross-request hit with the request that writes its blocks): their cost is ``warm``'s
+WARM_REQUESTS = ("warm:block", "cross", "cross:writer")
+
+
+def request_owner(name: str) -> tuple[str, str | None]:
+    """(group, construction) whose cost a request named ``name`` is: ``live`` the trajectory's, the replicas',
+    the 2x2's, a transplant's (its controls': sham and identical-layer paths) or a construction's (a fault's
+    re-run, ``X:faulted``, is X's; the prefix cache's other hits are ``warm``'s)."""
+    if name == LIVE.name:
+        return "trajectory", None
+    if name.endswith(REPLICA):
+        return "replicas", None
+    if name.startswith("fixed:"):
+        return "fixed", None
+    if name.startswith("transplant:"):
+        return ("controls" if name.split(":")[1] in ("sham", "identical") else "transplants"), None
+    base = name.removesuffix(":faulted")
+    return "constructions", "warm" if base in WARM_REQUESTS else base
+
+
+def request_costs(r: Any) -> dict[str, tuple[int, int]]:
+    """``{request name: (calls, tokens)}`` a request-level engine recorded on ``r`` (``requests[name]["cost"]``:
+    what it counted, every request of the step included, e.g. ``batched(B)``'s others); empty for a record of
+    a forward-level engine, whose work is priced from its lengths."""
+    return {k: (int(v["cost"][0]), int(v["cost"][1])) for k, v in getattr(r, "requests", {}).items() if "cost" in v}
+
+
+def _requested(r: Any, group: str, construction: str | None = None) -> int:
+    return sum(t for name, (_, t) in request_costs(r).items()
+               if request_owner(name) == (group, construction) or (construction is None and
+                                                                   request_owner(name)[0] == group))
+
+
 def construction_tokens(r: Any, name: str) -> int:
     """Forward tokens record ``r`` spent on the construction ``name`` (0 where it did not compute it)."""
     c = r.constructions.get(name)
     if r.error or not r.eligible or c is None or step_named(name).kind != CONSTRUCTION:
         return 0
+    if request_costs(r):
+        return _requested(r, "constructions", name) if step_named(name).group == "constructions" else 0
     return step_named(name).price(len(r.prompt_ids), len(r.prefix) - 1, len(c.suffix))[1]
 
 
@@ -231,6 +268,8 @@ def group_tokens(r: Any, group: str, transplants: Iterable[Any] = ()) -> int:
     """Forward tokens record ``r`` spent on ``group`` (``transplants``: those of its transplants to count)."""
     if r.error:
         return 0
+    if request_costs(r):  # a request-level engine: what it counted (controls and transplants by their paths)
+        return 0 if group != "trajectory" and group != "fixed" and not r.eligible else _requested(r, group)
     if group == "trajectory":
         return LIVE.price(len(r.prompt_ids), len(r.generated))[1]
     if group == "fixed":

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_kvaudit.core.compute import vllm_requests
 from pytest_kvaudit.core.compute.cells import CellBuilder
 from pytest_kvaudit.core.compute.vllm_cells import VllmCellBuilder
 from pytest_kvaudit.core.model.engine_constructions import BATCHED, RESTORE, WARM
@@ -47,4 +48,5 @@ LLAMA_CPP = EngineSpec(llamacpp.NAME, llamacpp.open_spec, constructions=(WARM, R
                        report_lines=_llamacpp_lines)
 VLLM = EngineSpec(vllm.NAME, _open_vllm, level="request", constructions=(WARM, BATCHED + "({batch})"),
                   lacks=frozenset({"layer_sweep", "batch_invariance"}), cell_builder=VllmCellBuilder,
-                  calibrator=vllm_calibrate.calibrate, state_reader=vllm_state)
+                  calibrator=vllm_calibrate.calibrate, state_reader=vllm_state,
+                  request_price=vllm_requests.request_price)

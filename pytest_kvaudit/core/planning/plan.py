@@ -154,8 +154,8 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     env = environment(h.device) | {"attn_implementation": h.attn_implementation}
     # the ledger's lengths price this run only under the same stop rule (the item set's, as resolved)
     recorded = ledger_prediction(cfg.replace(stop_regex=iset.stop_regex), ledger, h.identity, env, prompt_of, shape["layers"])
-    lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"])
-                for r in c["items"]] for d, c in cal["dtypes"].items()}
+    lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"],
+                        m - r["boundary"]) for r in c["items"]] for d, c in cal["dtypes"].items()}
     most = bound(prompts, cfg, m, shape["layers"], bool(shape["recurrent"]))
     exp = expected(prompts, lens, cfg, shape["layers"]) if sample else {}
     calls_b, tokens_b = sums(most)

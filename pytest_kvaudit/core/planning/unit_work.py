@@ -9,6 +9,7 @@ from pytest_kvaudit.core.compute import probes
 from pytest_kvaudit.core.compute.transplants import Switches, continuations
 from pytest_kvaudit.core.cost.pricing import Lengths, add
 from pytest_kvaudit.core.model.config import AuditConfig
+from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.pipeline import FIXED, LIVE, LIVE_REPLICA, TRANSPLANT, constructions, replicates
 
 
@@ -36,11 +37,15 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     head = x.prompt + x.boundary - 1
     if replicates(cfg, index):
         add(acc, LIVE_REPLICA.name, *LIVE_REPLICA.price(x.prompt, x.gen))
+    priced = engine(cfg.backend).request_price or (lambda *_: None)
+    budget = x.budget if x.budget is not None else x.suffix
     for step in constructions(cfg, index):  # those the run's work computes
-        add(acc, step.name, *step.price(x.prompt, head, x.suffix))
+        own = priced(step.name, x.prompt, head, x.suffix, budget)
+        add(acc, step.name, *(own or step.price(x.prompt, head, x.suffix)))
     if donor and cfg.computes("transplants"):
+        own = priced(TRANSPLANT.name, x.prompt, head, x.suffix, budget)
         for _ in range(transplants_per_unit(cfg, sweep, n_layers, recurrent)):
-            add(acc, "transplants", *TRANSPLANT.price(0, 0, x.suffix))
+            add(acc, "transplants", *(own or TRANSPLANT.price(0, 0, x.suffix)))
     if batch_width is not None:
         add(acc, "batch_invariance", *probes.batch_price(cfg, head, batch_width))
     for attn in cfg.attn_axes:

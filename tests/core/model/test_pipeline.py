@@ -71,3 +71,30 @@ def test_the_plan_prices_a_registered_schedule(pytester: pytest.Pytester, tiny_l
     plain.stdout.fnmatch_lines(["*halves*"])
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["plan"]["steps"]["fp32"]["halves"]["forward_tokens"] > 0
+
+
+def test_a_request_level_record_is_priced_by_what_its_engine_counted() -> None:
+    """vLLM's steps are requests: a batch's others, the whole-block and cross-request hits (and the request
+    that writes the latter's blocks), a transplant that prefills again. Its records carry each request's
+    counted cost; the run's price, a construction's and a group's are those, owned by the step that sent them."""
+    from pytest_kvaudit.core.compute.vllm_requests import request_price
+    from pytest_kvaudit.core.cost.pricing import price
+    from pytest_kvaudit.core.model.pipeline import construction_tokens, group_tokens, request_owner
+    from pytest_kvaudit.core.model.records import CellRecord, Continuation
+
+    rec = CellRecord("x", "bf16", (1,) * 40, (2,) * 20, 10, None, "3")
+    for name in ("live", "prefill", "warm", "batched(4)"):
+        rec.constructions[name] = Continuation((5,) * 4, "fp", "fp", "3", True)
+    costs = {"live": (20, 59), "prefill": (5, 53), "warm": (5, 21), "warm:block": (5, 13), "cross:writer": (1, 33),
+             "cross": (5, 21), "batched(4)": (25, 53 + 4 * 64), "transplant:live_to_prefill": (5, 53),
+             "transplant:sham:live": (5, 53), "transplant:identical:live_to_prefill": (5, 53)}
+    rec.requests = {k: {"cost": list(v)} for k, v in costs.items()}
+    assert price([rec]) == {"forward_tokens": sum(t for _, t in costs.values()),
+                            "forward_calls_cells": sum(c for c, _ in costs.values())}
+    assert construction_tokens(rec, "warm") == 21 + 13 + 33 + 21 and construction_tokens(rec, "cross") == 0
+    assert construction_tokens(rec, "batched(4)") == 53 + 4 * 64 and group_tokens(rec, "trajectory") == 59
+    assert group_tokens(rec, "transplants") == 53 and group_tokens(rec, "controls") == 106
+    assert request_owner("prefill:faulted") == ("constructions", "prefill")
+    # the plan's model of the same requests: the batch's others decode to the budget; a transplant prefills
+    assert request_price("batched(4)", 40, 49, 4, 10) == (1 + 4 + 4 * 11, 49 + 4 + 4 * (49 + 10))
+    assert request_price("transplant", 40, 49, 4, 10) == (5, 53) and request_price("prefill", 40, 49, 4, 10) is None

@@ -170,6 +170,12 @@ def test_an_audit_of_the_embedded_checkpoint_judges_every_claim(pytester: pytest
     pc = data["claims"]["prefix_cache"]  # whole-block hits on the embedded checkpoint: bit for bit
     assert pc["status"] == "pass" and pc["n"] == pc["k"] > 0, pc["reason"]
     assert "prefix cache (bf16): whole-block hits reproduce" in res.stdout.str()
+    # the price: the records carry what the engine counted, every request (a batch's others, the hits'
+    # writers, a transplant's prefill) included, and the plan's bound prices vLLM's requests, not forwards
+    cost, plan = data["cost"], data["plan"]
+    assert plan["priced_after_run"]["forward_tokens"] == cost["forward_tokens"], (plan["priced_after_run"], cost)
+    assert cost["minimal_forward_tokens"] == cost["forward_tokens"]  # every built-in claim reads all it ran
+    assert plan["forward_tokens"] >= cost["forward_tokens"], (plan["forward_tokens"], cost)
 
 
 #: prefill's last layer perturbed (its blocks, then continued warm): the divergent units donor following needs
