@@ -105,8 +105,11 @@ def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -
       between its block edge and the boundary, decoded), the request that writes the cross-request hit's
       blocks and the cross-request hit itself;
     - ``batched(B)``: the unit's request and ``B`` others of its length, which decode to the budget;
-    - ``transplant``: one cold request that prefills ``prefix[:-1]`` again before its continuation."""
+    - ``transplant``: one cold request that prefills ``prefix[:-1]`` again before its continuation;
+    - ``cross`` (a ledger records its continuation apart): nothing more, ``warm`` sent it."""
     tail = head - cacheable(head + 1, BLOCK)
+    if name in ("cross", "warm:block"):  # sent by the warm step, in its price (a ledger records cross apart)
+        return 0, 0
     if name == "warm":
         return 3 * (1 + suffix) + 1 + tail, 3 * (tail + suffix) + (head - tail) + 1
     if name.startswith("batched("):

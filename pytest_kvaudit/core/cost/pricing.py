@@ -38,6 +38,9 @@ from pytest_kvaudit.core.model.pipeline import (
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
 
+#: a request-level engine's price of a step (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.request_price`)
+RequestPrice = Callable[[str, int, int, int, int], "tuple[int, int] | None"]
+
 
 @dataclass(frozen=True)
 class Lengths:
@@ -103,6 +106,7 @@ class Unit:
     continuations: tuple[tuple[str, int], ...] = ()  # (construction, suffix length), live and its replica apart
     transplant_tokens: int = 0  # every transplant continuation (one token a call)
     probe_tokens: int = 0
+    transplants: int = 0  # how many continuations ``transplant_tokens`` sums (a request-level engine prefills each)
 
 
 def unit_of_record(r: Any) -> Unit | None:
@@ -122,12 +126,16 @@ def unit_of_record(r: Any) -> Unit | None:
     probes = r.probes
     tokens = sum(int(o.get("tokens", 0)) for o in [*probes.axes.values(), *probes.cache.values(), probes.batch] if o)
     return Unit(len(r.prompt_ids), len(r.generated), fixed, head if r.eligible else None, replica, conts,
-                sum(len(t.suffix) for t in r.transplants), tokens)
+                sum(len(t.suffix) for t in r.transplants), tokens, len(r.transplants))
 
 
-def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
-    """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them)."""
+def price_units(units: Iterable[Unit], request_price: RequestPrice | None = None,
+                max_new: int | None = None) -> dict[str, list[int]]:
+    """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them); a
+    request-level engine's steps at its own price (``request_price``, :attr:`.engines.EngineSpec.request_price`;
+    ``max_new`` the item set's, whose rest after the boundary a batch's other requests decode)."""
     acc: dict[str, list[int]] = {}
+    own = request_price or (lambda *_: None)
     for u in units:
         _trajectory(acc, LIVE.name, u.prompt, u.generated)
         if u.fixed is not None:
@@ -136,10 +144,16 @@ def price_units(units: Iterable[Unit]) -> dict[str, list[int]]:
         if u.head is not None:
             if u.replica is not None:
                 _trajectory(acc, LIVE_REPLICA.name, u.prompt, u.replica)
+            budget = max_new - (u.head - u.prompt + 1) if max_new is not None else None
             for name, s in u.continuations:
-                _construction(acc, name, name, u.prompt, u.head, s)
+                priced = own(name, u.prompt, u.head, s, s if budget is None else budget)
+                if priced is not None:
+                    add(acc, name, *priced)
+                else:
+                    _construction(acc, name, name, u.prompt, u.head, s)
             if u.transplant_tokens:
-                add(acc, "transplants", u.transplant_tokens, u.transplant_tokens)
+                again = u.head * u.transplants if own("transplant", u.prompt, u.head, 0, 0) is not None else 0
+                add(acc, "transplants", u.transplant_tokens + u.transplants * bool(again), u.transplant_tokens + again)
         if u.probe_tokens:
             add(acc, "probes", 0, u.probe_tokens)
     return acc
@@ -205,5 +219,6 @@ def units_of_ledger(doc: Mapping[str, Any], prompts: Mapping[str, int], cfg: Aud
                     guessed += 1
                     transplant = per_unit(spent < cfg.sweep_units) * _ids_len(cs["live"]["suffix"])
                 spent += bool(u.get("transplants"))
-            out[(item, d)] = Unit(p, _ids_len(u["generated"]), fixed, head, replica, conts, transplant)
+            out[(item, d)] = Unit(p, _ids_len(u["generated"]), fixed, head, replica, conts, transplant,
+                                  transplants=len(u.get("transplants") or {}) if transplant else 0)
     return out, guessed

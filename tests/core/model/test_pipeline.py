@@ -98,3 +98,10 @@ def test_a_request_level_record_is_priced_by_what_its_engine_counted() -> None:
     # the plan's model of the same requests: the batch's others decode to the budget; a transplant prefills
     assert request_price("batched(4)", 40, 49, 4, 10) == (1 + 4 + 4 * 11, 49 + 4 + 4 * (49 + 10))
     assert request_price("transplant", 40, 49, 4, 10) == (5, 53) and request_price("prefill", 40, 49, 4, 10) is None
+    # a vLLM ledger's units priced on its model: cross is in warm's price, each transplant prefills again
+    from pytest_kvaudit.core.cost.pricing import Unit, price_units
+
+    u = Unit(40, 14, head=49, continuations=(("warm", 4), ("cross", 4)), transplant_tokens=8, transplants=2)
+    acc = price_units([u], request_price, max_new=20)
+    assert acc["cross"][2] == 0 and acc["warm"][2] == request_price("warm", 40, 49, 4, 10)[1]
+    assert acc["transplants"][2] == 8 + 2 * 49
