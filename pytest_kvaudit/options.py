@@ -218,7 +218,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
         attns = [a.strip() for a in (value(config, ATTN) or "").split(",") if a.strip()]
         kw["attn"] = attns[0] if attns else None
         kw["attn_axes"] = tuple(attns[1:])
-        kw["cache_axes"] = parse_cache_kinds(value(config, CACHE))
+        kw["cache_axes"] = parse_cache_kinds(value(config, CACHE), kw.get("backend", "transformers"))
         if (b := value(config, BOUNDARY)) is not None:
             BoundaryRule.parse(b)
             kw["boundary"] = b

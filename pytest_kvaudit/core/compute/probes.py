@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 class ProbeStore(Protocol):
     """What a probe reads of the run's store (a :class:`.store.Store` is one): its settings, items, records,
-    the model at a precision, and where forwards are counted and faults injected."""
+    the model at a precision, where forwards are counted and faults injected, and the run's environment (where
+    a probe on an engine of its own records that engine's settings)."""
 
     cfg: AuditConfig
     item_set: ItemSet
@@ -35,6 +36,7 @@ class ProbeStore(Protocol):
     records: dict[tuple[str, str], CellRecord]
     cost: Cost
     faults: Faults
+    environment: dict[str, Any]
 
     def handle(self, dtype: str, attn: str | None = None) -> Backend: ...
 
@@ -145,17 +147,26 @@ def lossy_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
         margins: list[float] = []
         suffix, _ = continue_greedy(dec, dec.build_state(head, [len(head)]), last,
                                     iset.max_new_tokens - rec.boundary, margins)
-        gen_head = list(rec.generated[: rec.boundary])
-        ans = extract_answer(token_text(h.tokenizer, gen_head + list(suffix)), iset.answer_regex)
-        j = next((i for i, (x, y) in enumerate(zip(exact.suffix, suffix)) if x != y),
-                 None if len(exact.suffix) == len(suffix) else min(len(exact.suffix), len(suffix)))
-        rec.probes.cache[kind] = {
-            "eligible": True, "lossy": True, "suffix": list(suffix), "suffix_equal": suffix == exact.suffix,
+        rec.probes.cache[kind] = lossy_outcome(rec, suffix, margins, partial(token_text, h.tokenizer),
+                                               iset.answer_regex, dec.cost.forward_tokens - t0)
+
+
+def lossy_outcome(rec: CellRecord, suffix: Sequence[int], margins: Sequence[float], decode: Callable[[list[int]], str],
+                  answer_regex: str, tokens: int) -> dict[str, Any]:
+    """What a lossy cache's probe records of one unit (any engine's: :func:`lossy_axis`, vLLM's fp8 in
+    :mod:`.vllm_lossy`): its ``suffix`` set against the exact prefill construction's, where they part, the top-2
+    margins there (``margins``: the lossy continuation's, per step), the answer and its label."""
+    exact = rec.constructions["prefill"]
+    got = tuple(suffix)
+    ans = extract_answer(decode(list(rec.generated[: rec.boundary]) + list(got)), answer_regex)
+    j = next((i for i, (x, y) in enumerate(zip(exact.suffix, got)) if x != y),
+             None if len(exact.suffix) == len(got) else min(len(exact.suffix), len(got)))
+    return {"eligible": True, "lossy": True, "suffix": list(got), "suffix_equal": got == exact.suffix,
             "position": j, "answer": ans, "label": ans is not None and ans == rec.answer, "exact_label": exact.label,
             "exact_extracted": exact.answer is not None,
             "margin_exact": exact.margins[j] if j is not None and j < len(exact.margins) else None,
             "margin_lossy": round(margins[j], 6) if j is not None and j < len(margins) else None,
-            "tokens": dec.cost.forward_tokens - t0}
+            "tokens": tokens}
 
 
 def batch_invariance(store: ProbeStore, dec: Decoder, h: Backend, dtype: str) -> None:

@@ -149,8 +149,9 @@ class Store:
                 if progress is not None:
                     progress(tally)
             probes.batch_invariance(self, dec, h, dtype)
+            cache_probe = engine(self.cfg.backend).cache_probe or probes.cache_probe
             for kind in self.cfg.cache_axes:  # before the attention axes, which load other models
-                probes.cache_probe(self, h, dtype, kind)
+                cache_probe(self, h, dtype, kind)
             # one model resident at a time: these hold the model, and the next handle() can free only what
             # nothing else references (else two are in memory while the next one loads)
             if builder.layer_kinds and "layer_kinds" not in self.identity:  # the report names each layer's kind

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_kvaudit.core.compute import vllm_hits as hits
+from pytest_kvaudit.core.compute import vllm_lossy
 from pytest_kvaudit.core.compute import vllm_transplants as vt
 from pytest_kvaudit.core.compute.cells import CellBuilder
 from pytest_kvaudit.core.compute.vllm_requests import (
@@ -72,6 +73,8 @@ class VllmCellBuilder(CellBuilder):
         self.block = self.be.block_size
         self.live: Live | None = None
         self.states: dict[str, Any] = {}
+        if vllm_lossy.KIND in cfg.cache_axes:  # a machine that cannot hold it says so before the first cell
+            vllm_lossy.check(cfg)
 
     def stop_rule(self, after: int | None = None, lead: Sequence[int] = (), rule: BoundaryRule | None = None) -> dict[str, Any] | None:
         """The item set's stop rule for a request (None when it has none): its suffix starts ``after`` ids into

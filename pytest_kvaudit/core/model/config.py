@@ -15,7 +15,7 @@ from typing import Any
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model import cache_kinds as lossy
 from pytest_kvaudit.core.model.cache_kinds import known_kind
-from pytest_kvaudit.core.model.engines import lacks
+from pytest_kvaudit.core.model.engines import check_cache_kinds, lacks
 from pytest_kvaudit.core.model.pipeline import computes
 from pytest_kvaudit.core.model.precisions import low_precision, parse_dtypes  # noqa: F401  (options and scripts read it here)
 from pytest_kvaudit.core.model.schedules import extra_constructions
@@ -79,19 +79,20 @@ def parse_engine_args(pairs: Iterable[str], source: str = "--kvaudit-engine-arg"
     return tuple(sorted(out.items()))
 
 
-def parse_cache_kinds(text: str | None) -> tuple[str, ...]:
+def parse_cache_kinds(text: str | None, backend: str = "transformers") -> tuple[str, ...]:
     """``--kvaudit-cache=dynamic,static,quantized:quanto-int4`` -> the kinds beyond the dynamic one, which the
-    claims always run on. A quantized kind is checked here, with its extra, so a missing package is one line
-    before anything loads."""
+    claims always run on. Each is checked here against what ``backend`` runs, then a quantized kind with its
+    extra, so a kind the engine cannot run or a missing package is one line before anything loads."""
     kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
     bad = [k for k in kinds if not known_kind(k)]
     if bad or not kinds:
         raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of dynamic and static, also {lossy.OFFLOADED} "
                            "and lossy quantized:quanto-int4, quantized:quanto-int2, quantized:hqq-int4, quantized:fp8 "
                            "(default: dynamic)")
-    for k in kinds:
+    out = check_cache_kinds(backend, tuple(dict.fromkeys(k for k in kinds if k != "dynamic")))
+    for k in out:
         lossy.check_kind(k)
-    return tuple(dict.fromkeys(k for k in kinds if k != "dynamic"))
+    return out
 
 
 def parse_int(flag: str, text: str, lo: int, hi: int | None = None, what: str = "") -> int:

@@ -21,8 +21,8 @@ from pytest_kvaudit.core.model import engine_constructions  # noqa: F401  (their
 from pytest_kvaudit.core.model.engine_protocol import Backend, OpenSpec
 from pytest_kvaudit.core.model.precisions import named, torch_precisions
 
-__all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "EngineSpec", "backend_constructions", "check", "engine", "find", "known", "lacks",
-           "register_backend"]
+__all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "EngineSpec", "backend_constructions", "check", "check_cache_kinds",
+           "engine", "find", "known", "lacks", "register_backend"]
 
 #: the entry-point group engines are declared in (``[project.entry-points."kvaudit.engines"]``)
 GROUP = "kvaudit.engines"
@@ -67,6 +67,14 @@ class EngineSpec:
     #: suffix, budget) -> (calls, tokens)``, or None for the step's declared price (``transplant`` names a
     #: transplant's continuation; ``budget`` is the suffix's token budget). Its records carry what it counted
     request_price: Callable[[str, int, int, int, int], tuple[int, int] | None] | None = None
+    #: the ``--kvaudit-cache`` kinds beyond ``dynamic`` it runs (vLLM: ``("quantized:fp8",)``, its
+    #: ``kv_cache_dtype=fp8``); None: every kind (the forward-level probes make each one); checked at configure
+    cache_kinds: tuple[str, ...] | None = None
+    #: runs one further cache kind on one precision's records: ``cache_probe(store, backend, dtype, kind)``;
+    #: None: the forward-level probes (``core.compute.probes.cache_probe``)
+    cache_probe: Callable[..., None] | None = None
+    #: what :attr:`cache_kinds` are in the engine's own words, for the one line that refuses another kind
+    cache_kinds_said: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not callable(self.opener):
@@ -143,6 +151,20 @@ def lacks(name: str, what: str) -> bool:
     """Whether backend ``name`` cannot do ``what``: ``per_layer`` (its state is read whole, as bytes),
     ``layer_sweep``, ``batch_invariance``."""
     return what in engine(name).lacks
+
+
+def check_cache_kinds(name: str, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """``kinds`` (``--kvaudit-cache``, beyond ``dynamic``) if backend ``name`` runs each of them, else one line
+    naming the first it does not run, the engine and what it runs."""
+    spec = engine(name)
+    if spec.cache_kinds is None:
+        return kinds
+    for kind in kinds:
+        if kind not in spec.cache_kinds:
+            runs = ", ".join(spec.cache_kinds) or "no kind beyond dynamic"
+            said = f" ({spec.cache_kinds_said})" if spec.cache_kinds_said else ""
+            raise KvauditError(f"--kvaudit-cache={kind}: the {name} backend runs {runs}{said}")
+    return kinds
 
 
 def backend_constructions(name: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kvaudit.core.compute import vllm_requests
+from pytest_kvaudit.core.compute import vllm_lossy, vllm_requests
 from pytest_kvaudit.core.compute.cells import CellBuilder
 from pytest_kvaudit.core.compute.vllm_cells import VllmCellBuilder
 from pytest_kvaudit.core.model.engine_constructions import BATCHED, RESTORE, WARM
@@ -45,8 +45,9 @@ LLAMA_CPP = EngineSpec(llamacpp.NAME, llamacpp.open_spec, constructions=(WARM, R
                        lacks=frozenset({"per_layer", "layer_sweep", "batch_invariance"}),
                        precisions=tuple(p.name for p in PRECISIONS if p.ggml is not None),
                        cell_builder=CellBuilder, calibrator=forward_calibration, state_reader=state,
-                       report_lines=_llamacpp_lines)
+                       report_lines=_llamacpp_lines, cache_kinds=())
 VLLM = EngineSpec(vllm.NAME, _open_vllm, level="request", constructions=(WARM, BATCHED + "({batch})"),
                   lacks=frozenset({"layer_sweep", "batch_invariance"}), cell_builder=VllmCellBuilder,
                   calibrator=vllm_calibrate.calibrate, state_reader=vllm_state,
-                  request_price=vllm_requests.request_price)
+                  request_price=vllm_requests.request_price, cache_kinds=(vllm_lossy.KIND,),
+                  cache_probe=vllm_lossy.cache_probe, cache_kinds_said=vllm_lossy.SAID)
