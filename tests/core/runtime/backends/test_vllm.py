@@ -141,8 +141,8 @@ def test_a_perturbed_cached_block_fails_the_whole_block_shape(backend: Any, buil
     assert claim.judge(Evidence([rec], claim.resolve(b.cfg, {"min_units": 1}), b.cfg)).status == "pass"
 
 
-def _suite(pytester: pytest.Pytester, conftest: str = "") -> None:
-    for f in (REPO / "suites").glob("test_*.py"):
+def _suite(pytester: pytest.Pytester, conftest: str = "", only: str = "test_*.py") -> None:
+    for f in (REPO / "suites").glob(only):
         shutil.copy(f, pytester.path / f.name)
     pytester.makeini(BARS)
     if conftest:
@@ -195,6 +195,79 @@ def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.
     d = data["claims"]["donor_following"]
     assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
     assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0
+
+
+FP8 = "quantized:fp8"
+
+
+def test_an_fp8_kv_cache_is_judged_by_lossy_cache_budget(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's kv_cache_dtype=fp8, in a second engine, on each unit's prefill request: judged per kind and precision,
+    its engine recorded, and priced by the plan token for token."""
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    _suite(pytester, only="test_lossy_cache_budget.py")
+    res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", f"--kvaudit-boundary={BOUNDARY}",
+                     f"--kvaudit-cache=dynamic,{FP8}", "--kvaudit-claims=lossy_cache_budget")
+    c = data["claims"]["lossy_cache_budget"]
+    fig = c["figures"]["kinds"][FP8]["bf16"]
+    assert c["status"] in ("pass", "inconclusive") and c["n"] == fig["label_changes"][1] > 0, (c, res.stdout.str()[-3000:])
+    assert fig["divergent_suffixes"][1] == c["n"] and fig["label_changes"][0] == 0
+    env = data["environment"]
+    assert env["vllm_lossy_kv_cache_dtype"] == {"bf16": "fp8"} and env["vllm_lossy_kv_cache_storage"] == {"bf16": "torch.uint8"}
+    assert env["vllm_kv_cache_dtype"] == {"bf16": "torch.bfloat16"}  # the exact engine's cache is not fp8
+    assert sorted(data["claims"]) == ["lossy_cache_budget"]
+    assert data["plan"]["priced_after_run"]["forward_tokens"] == data["cost"]["forward_tokens"]  # the fp8 requests too
+    res.assert_outcomes(skipped=1)  # inconclusive at 4 units (35 clear the budget)
+    res.stdout.fnmatch_lines([f"*{FP8} bf16: labels 0/{c['n']}, suffixes *"])
+
+
+def test_a_broken_fp8_path_fails_lossy_cache_budget(backend: Any, builder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every claim can fail: the fp8 engine's suffixes replaced by EOS change every label, which fails the budget;
+    the same units through the working path do not."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from pytest_kvaudit.claims.base import Evidence, get
+    from pytest_kvaudit.core.compute import vllm_lossy
+    from pytest_kvaudit.core.model.pipeline import work_of
+    from pytest_kvaudit.core.runtime.decoder import Cost, Faults
+
+    b, items = builder
+    claim = get("lossy_cache_budget")
+    b.cfg = cfg = b.cfg.replace(cache_axes=(FP8,), work=work_of(claim.needs or ()))  # the trajectory and prefill
+    records = {(it.id, "bf16"): b.compute(it, "bf16", None, lambda: (False, False))[0] for it in items.items}
+    store = SimpleNamespace(cfg=cfg, item_set=items, items=items.items, records=records, cost=Cost(), faults=Faults(),
+                            environment={})
+
+    def judged() -> Any:
+        vllm_lossy.cache_probe(store, backend, "bf16", FP8)
+        return claim.judge(Evidence(list(records.values()), claim.resolve(cfg, {}), cfg))
+
+    fp8 = vllm_lossy.lossy_engine(cfg, "bf16")
+    run, eos = fp8.run, min(backend.eos_ids)
+    monkeypatch.setattr(fp8, "run", lambda requests, budget=None: [
+        dataclasses.replace(d, tokens=d.tokens[:1] + (eos,) * (len(d.tokens) - 1)) for d in run(requests, budget)])
+    broken = judged()
+    assert broken.status == "fail" and broken.counterexamples == [f"{i}@bf16 ({FP8}: label changed)" for i, _ in records]
+    monkeypatch.setattr(fp8, "run", run)
+    assert judged().status != "fail"
+
+
+def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_kvaudit.core.compute import vllm_lossy
+    from pytest_kvaudit.core.model.config import AuditConfig
+
+    cfg = AuditConfig(backend="vllm", cache_axes=(FP8,))
+    with pytest.raises(KvauditError, match=r"^--kvaudit-cache=quantized:fp8 compares vLLM's kv_cache_dtype=fp8 with the "
+                                           r"exact cache, but --kvaudit-engine-arg kv_cache_dtype=fp8_e5m2 makes"):
+        vllm_lossy.check(cfg.replace(engine_args=(("kv_cache_dtype", "fp8_e5m2"),)))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.raises(KvauditError) as e:
+        vllm_lossy.check(cfg)
+    assert "\n" not in str(e.value) and str(e.value).startswith(
+        f"--kvaudit-cache=quantized:fp8 on vllm: this CPU ({vllm_lossy.cpu_name()}) has neither AVX-512 nor AMX")
 
 
 def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
