@@ -56,6 +56,13 @@ USAGE_CASES: list[tuple[list[str], str]] = [
      "ERROR: --kvaudit-engine-arg: block_size is given twice (block_size=16 and block_size=32); give it once"),
     (["--kvaudit-engine-arg=block_size=16"], "ERROR: --kvaudit-engine-arg passes arguments to vllm.LLM: it needs "
                                              "--kvaudit-backend=vllm (this run is transformers)"),
+    # a cache kind the engine does not run, before anything loads (each engine's EngineSpec.cache_kinds)
+    (["--kvaudit-backend=llama.cpp", "--kvaudit-cache=dynamic,quantized:fp8"],
+     "ERROR: --kvaudit-cache=quantized:fp8: the llama.cpp backend runs no kind beyond dynamic"),
+    (["--kvaudit-backend=vllm", "--kvaudit-cache=dynamic,quantized:quanto-int4"],
+     "ERROR: --kvaudit-cache=quantized:quanto-int4: the vllm backend runs quantized:fp8 (vLLM's kv_cache_dtype=fp8)"),
+    (["--kvaudit-backend=vllm", "--kvaudit-cache=static"],
+     "ERROR: --kvaudit-cache=static: the vllm backend runs quantized:fp8 (vLLM's kv_cache_dtype=fp8)"),
 ]
 
 
