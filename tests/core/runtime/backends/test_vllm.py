@@ -203,7 +203,7 @@ FP8 = "quantized:fp8"
 def test_an_fp8_kv_cache_is_judged_by_lossy_cache_budget(pytester: pytest.Pytester,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's kv_cache_dtype=fp8, in a second engine, on each unit's prefill request: judged per kind and precision,
-    its engine recorded, and priced by the plan token for token."""
+    its engine recorded, and priced by the plan."""
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     _suite(pytester, only="test_lossy_cache_budget.py")
     res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", f"--kvaudit-boundary={BOUNDARY}",
@@ -218,7 +218,9 @@ def test_an_fp8_kv_cache_is_judged_by_lossy_cache_budget(pytester: pytest.Pytest
     assert env["vllm_lossy_kv_cache_storage"] == {"bf16": "torch.uint8"}
     assert env["vllm_kv_cache_dtype"] == {"bf16": "torch.bfloat16"}  # the exact engine's cache is not fp8
     assert sorted(data["claims"]) == ["lossy_cache_budget"]
-    assert data["plan"]["priced_after_run"]["forward_tokens"] == data["cost"]["forward_tokens"]  # the fp8 requests too
+    # priced as transformers' lossy probe (a prefill and its continuation a unit, at the exact suffix's length)
+    assert data["plan"]["steps"]["bf16"][f"cache:{FP8}"]["cells"] == 4
+    assert data["cost"]["forward_tokens"] <= data["plan"]["forward_tokens"]  # within the plan's bound
     res.assert_outcomes(skipped=1)  # inconclusive at 4 units (35 clear the budget)
     res.stdout.fnmatch_lines([f"*{FP8} bf16: labels 0/{c['n']}, suffixes *"])
 
