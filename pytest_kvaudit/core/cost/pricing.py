@@ -164,9 +164,11 @@ def price(records: Iterable[Any]) -> dict[str, int]:
     what the decoder counted when the model of the work is exact."""
     records = list(records)
     requested = [request_costs(r) for r in records if not r.error]  # a request-level engine's: as it counted
-    acc = price_units(u for r, u in zip(records, map(unit_of_record, records)) if u is not None and
-                      not request_costs(r))
-    return {"forward_tokens": sum(a[2] for a in acc.values()) + sum(t for c in requested for _, t in c.values()),
+    units = [(r, u) for r, u in zip(records, map(unit_of_record, records)) if u is not None]
+    acc = price_units(u for r, u in units if not request_costs(r))
+    probed = sum(u.probe_tokens for r, u in units if request_costs(r))  # its probes (vLLM's fp8): as they counted
+    spent = sum(t for c in requested for _, t in c.values())
+    return {"forward_tokens": sum(a[2] for a in acc.values()) + spent + probed,
             "forward_calls_cells": sum(a[1] for k, a in acc.items() if k != "probes") +
             sum(n for c in requested for n, _ in c.values())}
 
