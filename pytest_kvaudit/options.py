@@ -102,7 +102,8 @@ VALUE_OPTIONS: dict[str, str] = {
     ANALYSES: ("layer_sweep, batch_invariance or all: run these analyses whatever the claims selected (default: those "
                "the selected claims quote; every one when every built-in claim runs)"),
     CACHE: ("cache kinds: dynamic,static also audits transformers' StaticCache as axis rows; offloaded (CUDA) and "
-            "lossy quantized:quanto-int4, quanto-int2, hqq-int4 or fp8 go to the lossy-cache claim (default: dynamic)"),
+            "lossy quantized:quanto-int4, quanto-int2, hqq-int4 or fp8 go to the lossy-cache claim; on vllm only "
+            "quantized:fp8 (its kv_cache_dtype=fp8) (default: dynamic)"),
     SHARD: "I/N: compute only shard I (from 0) of N, round-robin by item, and write it to --kvaudit-partials",
     PARTIALS: "folder where a --kvaudit-shard run writes its partial-I-of-N.json",
     MERGE: "folder of partials (searched recursively): judge their union, computing nothing",
