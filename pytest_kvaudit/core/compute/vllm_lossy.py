@@ -28,7 +28,7 @@ from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.items import stopper, token_text
 
-__all__ = ["ARGS", "KIND", "SAID", "cache_probe", "check", "lossy_engine"]
+__all__ = ["ARGS", "KIND", "SAID", "cache_probe", "check", "close", "lossy_engine"]
 
 KIND = "quantized:fp8"
 #: what the lossy engine adds to the run's engine arguments
@@ -72,8 +72,7 @@ def lossy_engine(cfg: AuditConfig, dtype: str) -> Any:
     args = dict(cfg.engine_args) | ARGS
     key = (cfg.model, dtype, tuple(sorted(args.items())))
     if key not in _OPEN:
-        _OPEN.clear()  # one lossy engine at a time, as one exact model
-        gc.collect()
+        close()  # one lossy engine at a time, as one exact model
         check(cfg)
         try:
             _OPEN[key] = open_backend(cfg.model, dtype, cfg.device, None, cfg.trust_remote_code, cfg.allow_pickle,
@@ -81,6 +80,12 @@ def lossy_engine(cfg: AuditConfig, dtype: str) -> Any:
         except KvauditError as exc:  # the engine's own refusal (a GPU without fp8 attention), in one line
             raise KvauditError(f"--kvaudit-cache={KIND}: {exc}") from None
     return _OPEN[key]
+
+
+def close() -> None:
+    """Let the lossy engine go (a process that audits no more, or a test done with it)."""
+    _OPEN.clear()
+    gc.collect()
 
 
 def settings(be: Any, dtype: str) -> dict[str, Any]:

@@ -253,11 +253,14 @@ def test_a_broken_fp8_path_fails_lossy_cache_budget(backend: Any, builder: Any,
     run, eos = fp8.run, min(backend.eos_ids)
     monkeypatch.setattr(fp8, "run", lambda requests, budget=None: [
         dataclasses.replace(d, tokens=d.tokens[:1] + (eos,) * (len(d.tokens) - 1)) for d in run(requests, budget)])
-    broken = judged()
-    assert broken.status == "fail", broken.reason
-    assert broken.counterexamples == [f"{i}@bf16 ({FP8}: label changed)" for i, _ in records]
-    monkeypatch.setattr(fp8, "run", run)
-    assert judged().status != "fail"
+    try:
+        broken = judged()
+        assert broken.status == "fail", broken.reason
+        assert broken.counterexamples == [f"{i}@bf16 ({FP8}: label changed)" for i, _ in records]
+        monkeypatch.setattr(fp8, "run", run)
+        assert judged().status != "fail"
+    finally:
+        vllm_lossy.close()  # the module's other tests hold one engine, not two
 
 
 def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
