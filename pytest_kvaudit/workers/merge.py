@@ -38,7 +38,7 @@ def merged(cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -
             s.stages[k] = max(s.stages.get(k, 0.0), v)
         s.plan = s.plan or e.get("run_plan" if "run_plan" in e else "plan") or {}  # a runner's: its options
         s.identity = s.identity or e["identity"]
-        s.environment = s.environment or e["environment"]
+        s.environment = union(s.environment, e["environment"])
     # an item is there at every precision or missing: a worker that died takes the cells it computed along,
     # and a later precision's cell of such an item must not pass for the whole item
     s.missing = [it.id for it in item_set.items if any((it.id, d) not in found for d in cfg.dtypes)]
@@ -49,6 +49,18 @@ def merged(cfg: AuditConfig, item_set: ItemSet, exports: list[dict[str, Any]]) -
                 s.records[(item.id, dtype)] = found[(item.id, dtype)]
     s.computed = True
     return s
+
+
+def union(env: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """One run's environment from its workers': the first one's, with what only another recorded (a probe's own
+    engine, e.g. vLLM's fp8 one, opens only on the workers that had units for it), per precision where keyed."""
+    out = dict(env)
+    for k, v in (more or {}).items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(out[k], dict) and isinstance(v, dict):
+            out[k] = {**v, **out[k]}
+    return out
 
 
 def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:

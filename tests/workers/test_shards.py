@@ -191,3 +191,15 @@ def test_a_merge_refuses_a_claim_its_shards_did_not_compute(runs: Runs) -> None:
     res, _ = merge(runs, folder)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "claim replica_exactness needs replicas, which the run it judges did not compute" in res.stdout
+
+
+def test_one_environment_from_workers_that_did_different_work() -> None:
+    """A probe's own engine (vLLM's fp8) opens only on a worker with units for it: the run's environment keeps
+    what any worker recorded, the first one's values first, per precision where keyed."""
+    from pytest_kvaudit.workers.merge import union
+
+    plain = {"torch": "2", "vllm_kv_cache_dtype": {"bf16": "torch.bfloat16"}}
+    probed = {"torch": "2", "vllm_kv_cache_dtype": {"fp32": "torch.float32"}, "vllm_lossy_kv_cache_dtype": {"bf16": "fp8"}}
+    assert union(plain, probed) == {"torch": "2", "vllm_kv_cache_dtype": {"bf16": "torch.bfloat16", "fp32": "torch.float32"},
+                                    "vllm_lossy_kv_cache_dtype": {"bf16": "fp8"}}
+    assert union({}, plain) == plain and union(plain, {}) == plain
