@@ -78,7 +78,9 @@ def lossy_engine(cfg: AuditConfig, dtype: str) -> Any:
             _OPEN[key] = open_backend(cfg.model, dtype, cfg.device, None, cfg.trust_remote_code, cfg.allow_pickle,
                                       cfg.device_map, engine_args=args)
         except KvauditError as exc:  # the engine's own refusal (a GPU without fp8 attention), in one line
-            raise KvauditError(f"--kvaudit-cache={KIND}: {exc}") from None
+            said = (str(exc.__cause__ or exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise KvauditError(f"--kvaudit-cache={KIND}: vLLM opens no engine with kv_cache_dtype=fp8 for {cfg.model} "
+                               f"at {dtype}: {said}") from None
     return _OPEN[key]
 
 

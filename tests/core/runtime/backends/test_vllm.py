@@ -279,6 +279,19 @@ def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.Mo
         vllm_lossy.check(cfg)
     assert "\n" not in str(e.value) and str(e.value).startswith(
         f"--kvaudit-cache=quantized:fp8 on vllm: this CPU ({vllm_lossy.cpu_name()}) has neither AVX-512 nor AMX")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: True)  # a CPU that holds it, a model it refuses
+
+    def refused(*a: Any, **kw: Any) -> Any:  # as vllm.LLM refuses a head size its fp8 kernels do not take
+        try:
+            raise NotImplementedError("Traceback ...\nFP8 KV cache requires head_size divisible by 32 on CPU.")
+        except NotImplementedError as exc:
+            raise KvauditError("vllm.LLM refused --kvaudit-engine-arg {...}: FP8 KV cache requires") from exc
+
+    monkeypatch.setattr("pytest_kvaudit.core.runtime.backends.vllm.open_backend", refused)
+    with pytest.raises(KvauditError, match=r"^--kvaudit-cache=quantized:fp8: vLLM opens no engine with kv_cache_dtype="
+                                           r"fp8 for .* at bf16: FP8 KV cache requires head_size divisible by 32 on "
+                                           r"CPU\.$"):
+        vllm_lossy.lossy_engine(cfg, "bf16")
 
 
 def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
