@@ -79,13 +79,19 @@ def lossy_engine(cfg: AuditConfig, dtype: str) -> Any:
                                       cfg.device_map, engine_args=args)
         except KvauditError as exc:  # the engine's own refusal (a GPU without fp8 attention), in one line
             said = (str(exc.__cause__ or exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            from vllm.platforms import current_platform
+
+            room = "" if current_platform.is_cpu() or "gpu_memory_utilization" in args else (
+                " (on a GPU both engines share its memory: e.g. --kvaudit-engine-arg gpu_memory_utilization=0.4)")
             raise KvauditError(f"--kvaudit-cache={KIND}: vLLM opens no engine with kv_cache_dtype=fp8 for {cfg.model} "
-                               f"at {dtype}: {said}") from None
+                               f"at {dtype}: {said}{room}") from None
     return _OPEN[key]
 
 
 def close() -> None:
-    """Let the lossy engine go (a process that audits no more, or a test done with it)."""
+    """Let the lossy engine go. vLLM tears down its process-wide parallel state with an engine, so no engine
+    open beside it is used after this: the store calls it (through :func:`lossy_engine`) only once the next
+    precision's cells are done, and nothing else runs on the exact engine of that precision."""
     _OPEN.clear()
     gc.collect()
 
