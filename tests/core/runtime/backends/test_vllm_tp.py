@@ -24,7 +24,7 @@ from pytest_kvaudit.core.model.config import EMBEDDED_DIR  # noqa: E402
 from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
 
 pytestmark = pytest.mark.slow
-TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+TP2 = {"tensor_parallel_size": "2", "distributed_executor_backend": "mp"}  # as --kvaudit-engine-arg gives them
 IDS = [3 + i % 10 for i in range(70)]  # 69 positions: two whole blocks and a partial third
 
 
@@ -76,25 +76,32 @@ def test_a_write_reaches_every_rank(engines: tuple[Any, Any]) -> None:
 
 
 def test_a_cell_at_tp2_proves_its_hit_and_bridge_on_both_ranks(two: Any) -> None:
+    """A cell at TP=2: every hit shape proven by the engine's cached tokens, the whole-block hit and the bridge
+    bit for bit over both ranks' heads; one value perturbed in rank 1's head of a cached block fails the
+    whole-block shape, at that layer, and nothing else moves it."""
     from pytest_kvaudit.core.compute.store import cell_builder
     from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.core.runtime.decoder import Decoder, Faults
     from pytest_kvaudit.core.runtime.itemcheck import resolve
 
-    assert two.environment["vllm_tensor_parallel_size"] == 2 and two.attn_implementation.endswith("tp 2")
+    assert two.environment["vllm_tensor_parallel_size"] == 2 and "tensor_parallel_size=2" in two.attn_implementation
     assert two.environment["vllm_kv_heads_per_rank"] == 1 and two.shape()["kv_heads"] == 2
-    cfg, items = resolve(AuditConfig(backend="vllm", n=1))
+    cfg, items = resolve(AuditConfig(backend="vllm", n=1, boundary="tokens:30"))
     b = cell_builder("vllm")(Decoder(two), two.tokenizer, cfg, items, None, two.max_positions)
     rec, prefix = b.compute(items.items[0], "bf16", None, lambda: (False, False))
     assert rec.eligible and prefix is not None
     assert rec.constructions["warm"].reused == rec.requests["warm"]["num_cached_tokens"] > 0
-    assert rec.constructions["warm"].state_fp == rec.constructions["live"].state_fp
+    whole = rec.requests["warm:block"]
+    assert whole["num_cached_tokens"] > 0 and whole["blocks_equal"] and whole["suffix_equal"] and whole["logits_equal"]
+    assert rec.constructions["cross"].reused == rec.requests["cross"]["num_cached_tokens"] > 0
     assert rec.constructions["incremental"].same_as(rec.constructions["live"]) and not rec.bridge_mismatch
 
     def rank1(state: Any, path: str) -> None:
-        state.layers[1][1, 1, 3] += 1.0  # V, head 1 (rank 1's), layer 1, one position
+        if path == "warm:block":
+            state.layers[1][1, 1, 3] += 1.0  # V, head 1 (rank 1's), layer 1, one position of a cached block
 
     b.dec.faults = Faults(state=rank1)
     rec, _ = b.compute(items.items[0], "bf16", None, lambda: (False, False))
-    # the perturbed V of rank 1's head is seen where the warm hit reads it back, and nowhere else
-    assert "warm:1:v" in rec.bridge_mismatch and all(m.endswith("1:v") for m in rec.bridge_mismatch), rec.bridge_mismatch
+    whole = rec.requests["warm:block"]
+    assert not whole["blocks_equal"] and whole["first_difference"]["layer"] == 1, whole["first_difference"]
+    assert whole["first_difference"]["part"] == "v"
