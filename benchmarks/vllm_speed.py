@@ -22,7 +22,8 @@ from pytest_kvaudit.core.model.config import EMBEDDED_DIR, AuditConfig
 
 def rate(backend: str, args: argparse.Namespace) -> tuple[float, int, float]:
     """(load seconds, forward tokens, compute seconds) of the audit's cells under ``backend``."""
-    cfg = AuditConfig(model=args.model, backend=backend, n=args.n, dtypes=(args.dtype,), chat_template=args.chat_template)
+    cfg = AuditConfig(model=args.model, backend=backend, n=args.n, dtypes=(args.dtype,),
+                      chat_template=args.chat_template)
     store = Store.open(cfg)
     t = time.perf_counter()
     store.handle(args.dtype)
@@ -44,7 +45,8 @@ def main() -> None:
     for backend in ("transformers", "vllm"):
         load, tokens, seconds = rate(backend, args)
         rates[backend] = tokens / seconds
-        print(f"{backend}: load {load:.1f} s, {tokens} forward tokens in {seconds:.1f} s = {rates[backend]:.1f} tokens/s")
+        print(f"{backend}: load {load:.1f} s, {tokens} forward tokens in {seconds:.1f} s = "
+              f"{rates[backend]:.1f} tokens/s")
     print(f"vllm / transformers: {rates['vllm'] / rates['transformers']:.2f}x tokens/s")
 
 

@@ -67,7 +67,8 @@ class VllmCellBuilder(CellBuilder):
     """A cell computed from vLLM requests (:mod:`pytest_kvaudit.core.compute.vllm_cells`)."""
 
     def __init__(self, dec: Any, tokenizer: Any, cfg: Any, item_set: Any,
-                 transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
+                 transplant: Callable[[Any, Any, Any, str], Any] | None = None,
+                 max_positions: int | None = None) -> None:
         super().__init__(dec, tokenizer, cfg, item_set, transplant or vs.transplant, max_positions)
         self.be = dec.backend
         self.block = self.be.block_size
@@ -76,7 +77,8 @@ class VllmCellBuilder(CellBuilder):
         if vllm_lossy.KIND in cfg.cache_axes:  # a machine that cannot hold it says so before the first cell
             vllm_lossy.check(cfg)
 
-    def stop_rule(self, after: int | None = None, lead: Sequence[int] = (), rule: BoundaryRule | None = None) -> dict[str, Any] | None:
+    def stop_rule(self, after: int | None = None, lead: Sequence[int] = (),
+                  rule: BoundaryRule | None = None) -> dict[str, Any] | None:
         """The item set's stop rule for a request (None when it has none): its suffix starts ``after`` ids into
         the request's output behind ``lead`` (ids of the suffix already in its prompt), or where ``rule`` finds
         the boundary in the output (the live request and its replica)."""
@@ -98,7 +100,8 @@ class VllmCellBuilder(CellBuilder):
             self.be.reset()
         rule = self.stop_rule(len(force)) if stop is True else (stop or None)
         rows = [(list(first), len(force) + budget, list(force), rule)]
-        rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force), None) for k in range(1, others + 1)]
+        rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force), None)
+                 for k in range(1, others + 1)]
         done = self.be.run(rows, tokens)
         calls = sum(len(d.steps) for d in done)
         spent = sum(d.prompt_len - d.cached + max(len(d.tokens) - 1, 0) for d in done)
@@ -148,7 +151,8 @@ class VllmCellBuilder(CellBuilder):
         return rec, self.live
 
     def replica(self, rec: CellRecord, prompt: tuple[int, ...], rule: BoundaryRule, boundary: int | None) -> None:
-        d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens, stop=self.stop_rule(rule=rule))
+        d = self.request(rec, LIVE_REPLICA.name, prompt, (), self.item_set.max_new_tokens,
+                         stop=self.stop_rule(rule=rule))
         b = boundary or 0
         if d.tokens[:b] == rec.generated[:b] and len(d.tokens) > b:
             state = self.be.read(d.blocks, len(prompt) + b - 1)
@@ -176,7 +180,8 @@ class VllmCellBuilder(CellBuilder):
             self.states.setdefault(step.name, state)
         return self.states["prefill"]
 
-    def forced(self, rec: CellRecord, name: str, prompt: Sequence[int], prefix: Sequence[int], budget: int) -> tuple[Continuation, Any]:
+    def forced(self, rec: CellRecord, name: str, prompt: Sequence[int], prefix: Sequence[int],
+               budget: int) -> tuple[Continuation, Any]:
         """A construction over ``prefix[:-1]`` whose continuation starts with ``prefix[-1]`` as a decode step."""
         if not name.startswith(REQUESTS) and not name.startswith("fixed:"):
             raise KvauditError(f"--kvaudit-backend=vllm builds {', '.join(REQUESTS)}: {name} is a chunk schedule of "
@@ -195,7 +200,8 @@ class VllmCellBuilder(CellBuilder):
                 d = vt.continue_warm(self, rec, f"{name}:faulted", state, prefix, budget)
                 tokens, rows = d.tokens, d.rows
         tokens, rows = stopped(self.dec.stop, tokens, rows)
-        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), list(prefix[len(prompt):]))
+        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows),
+                             list(prefix[len(prompt):]))
         return cont, state
 
     def fixed_prefix(self, rec: CellRecord, prompt: tuple[int, ...], fixed: tuple[int, ...] | None) -> None:

@@ -70,7 +70,8 @@ def ineligible(gen: Sequence[int], b: int | None, max_new: int, eos: Collection[
     return "boundary_at_eos" if gen[b - 1] in eos else None
 
 
-def request_shape(name: str, prompt: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int], int | None, int, bool]:
+def request_shape(name: str, prompt: Sequence[int],
+                  prefix: Sequence[int]) -> tuple[list[int], list[int], int | None, int, bool]:
     """The request that builds construction ``name`` over ``prefix[:-1]``: its prompt, the ids it forces as
     decode steps, the scheduler's token budget (``chunked(c)``), the other requests beside it (``batched(B)``),
     and whether it must hit nothing (every cold construction)."""

@@ -36,10 +36,12 @@ def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[
         c.divergence_text = [decode([live[j]]), decode([pre[j]])]
 
 
-def transplant_plan(identical_layers: Sequence[int], controls: bool = True) -> list[tuple[str, str, str, tuple[int, ...] | None, str]]:
+def transplant_plan(identical_layers: Sequence[int],
+                    controls: bool = True) -> list[tuple[str, str, str, tuple[int, ...] | None, str]]:
     """``(kind, donor, receiver, layers, path)`` of each transplant a divergent vLLM cell runs: both donors,
     and (``controls``) both shams and the identical layers alone where some are."""
-    plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None) for d, r in (("live", "prefill"), ("prefill", "live"))]
+    plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None)
+                                                                for d, r in (("live", "prefill"), ("prefill", "live"))]
     if controls:
         plan += [(SHAM, n, n, None) for n in ("prefill", "live")]
         if identical_layers:
@@ -51,7 +53,8 @@ def transplant_plan(identical_layers: Sequence[int], controls: bool = True) -> l
 def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
     """Continue from ``state`` over ``prefix[:-1]``: one cold request prefills ``prefix[:-1]``, then, between that
     step and the first decode step (which feeds ``prefix[-1]``, forced), ``state`` is written over the request's
-    blocks, every position of ``prefix[:-1]`` and no other (the tail of a partial last block included). Returns the continuation (its tokens after ``prefix[-1]``)."""
+    blocks, every position of ``prefix[:-1]`` and no other (the tail of a partial last block included). Returns the
+    continuation (its tokens after ``prefix[-1]``)."""
     h = len(prefix) - 1
     n = -(-h // b.block)
     if state.positions != h:
@@ -84,5 +87,6 @@ def transplants(b: Any, rec: CellRecord, live: Any, prefill: Any, prefix: Sequen
         suffix, rows = stopped(b.dec.stop, d.tokens, d.rows)
         m = margins(rows)
         target, own = rec.constructions[donor].suffix, rec.constructions[receiver].suffix
-        rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind, suffix == own,
+        rec.transplants.append(Transplant(f"{donor}_to_{receiver}", layers, "kv", suffix, suffix == target, kind,
+                                          suffix == own,
                                           tuple(round(x, 6) for x in m), b.decode(suffix)))

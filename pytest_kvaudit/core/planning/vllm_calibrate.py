@@ -11,7 +11,8 @@ from pytest_kvaudit.core.model.config import BoundaryRule
 from pytest_kvaudit.core.model.items import find_boundary
 
 
-def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any, cost: Any) -> dict[str, Any]:
+def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any,
+              cost: Any) -> dict[str, Any]:
     """The plan's calibration in requests (:mod:`..calibrate`): per item a prompt-only request and the live
     one, timed (per call = a decode step, per token = what a longer prompt adds), and a cold prefill of its
     prefix (at the item's own boundary) to see whether it diverges."""

@@ -56,10 +56,12 @@ Request = tuple[Sequence[int], int, Sequence[int]] | tuple[Sequence[int], int, S
 
 
 class VllmBackend:
-    """One checkpoint at one precision in one in-process vLLM engine (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`, request level)."""
+    """One checkpoint at one precision in one in-process vLLM engine, request level
+    (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
     per_layer = True
-    constructions: tuple[str, ...] = ()  # its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
+    #: its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
+    constructions: tuple[str, ...] = ()
 
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
                  engine_args: Mapping[str, str] | None = None) -> None:
@@ -144,7 +146,8 @@ class VllmBackend:
         for (prompt, *_), out in zip(requests, outs):
             rid = next(k for k in self.hooks.freed if k.split("-")[0] == out.request_id)
             c = out.outputs[0]
-            rows = [sorted(((int(t), float(lp.logprob)) for t, lp in row.items()), key=lambda x: (-x[1], x[0]))[: self.top_k]
+            rows = [sorted(((int(t), float(lp.logprob)) for t, lp in row.items()),
+                           key=lambda x: (-x[1], x[0]))[: self.top_k]
                     for row in (c.logprobs or [])]
             steps = [(s[rid], len(s)) for s in self.hooks.steps if rid in s]
             done.append(Done(len(prompt), tuple(int(t) for t in c.token_ids), rows, int(out.num_cached_tokens or 0),

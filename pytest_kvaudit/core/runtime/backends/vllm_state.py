@@ -80,14 +80,16 @@ def first_difference(a: VllmState, b: VllmState) -> dict[str, Any] | None:
     return None
 
 
-def transplant(receiver: VllmState, donor: VllmState, layers: Sequence[int] | None = None, parts: str = "kv") -> VllmState:
+def transplant(receiver: VllmState, donor: VllmState, layers: Sequence[int] | None = None,
+               parts: str = "kv") -> VllmState:
     """A new state: ``receiver`` with ``donor``'s K and/or V (``parts``: ``kv``, ``k`` or ``v``) in ``layers``
     (all by default). The write puts each back in its own cells of the blocks, whatever the backend's layout."""
     if parts not in ("kv", "k", "v"):
         raise UnsupportedCacheError(f"a transplant moves 'kv', 'k' or 'v', not {parts!r}")
     if (donor.positions, donor.tensor_parallel) != (receiver.positions, receiver.tensor_parallel):
         raise UnsupportedCacheError(f"a transplant needs states of one shape: {donor.positions} positions from "
-                                    f"TP={donor.tensor_parallel} into {receiver.positions} from TP={receiver.tensor_parallel}")
+                                    f"TP={donor.tensor_parallel} into {receiver.positions} from "
+                                    f"TP={receiver.tensor_parallel}")
     out = receiver.clone()
     sides = [i for i, s in enumerate("kv") if s in parts]
     for i in range(len(out.layers)) if layers is None else layers:

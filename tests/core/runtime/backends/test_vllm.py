@@ -62,7 +62,9 @@ def test_models_vllm_cannot_serve_are_one_line(tmp_path: Path) -> None:
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    with pytest.raises(KvauditError, match=r"serves safetensors checkpoint folders: .* \(a GGUF runs with --kvaudit-backend=llama.cpp"):
+    with pytest.raises(KvauditError,
+                       match=r"serves safetensors checkpoint folders: .* "
+                             r"\(a GGUF runs with --kvaudit-backend=llama.cpp"):
         open_backend("vllm", str(gguf), "fp32")
     odd = tmp_path / "odd"
     shutil.copytree(EMBEDDED_DIR, odd)
@@ -92,8 +94,10 @@ def test_a_cell_proves_its_hits_and_its_cold_requests(builder: Any) -> None:
     assert warm.reused == h // 32 * 32 == rec.requests["warm"]["num_cached_tokens"] > 0
     assert rec.requests["warm"]["tail"] == h - warm.reused > 0
     whole = rec.requests["warm:block"]  # the nearest block edge inside the working: the live request bit for bit
-    assert whole["boundary"] == 30 - h % 32 and whole["num_cached_tokens"] == len(rec.prompt_ids) + whole["boundary"] - 1
-    assert whole["blocks_equal"] and whole["suffix_equal"] and whole["logits_equal"] and whole["first_difference"] is None
+    assert whole["boundary"] == 30 - h % 32
+    assert whole["num_cached_tokens"] == len(rec.prompt_ids) + whole["boundary"] - 1
+    assert whole["blocks_equal"] and whole["suffix_equal"] and whole["logits_equal"]
+    assert whole["first_difference"] is None
     cross = rec.constructions["cross"]  # blocks another request wrote
     assert cross.reused == rec.requests["cross"]["num_cached_tokens"] == 32
     assert rec.requests["cross:writer"]["num_cached_tokens"] == 0
@@ -151,7 +155,8 @@ def _suite(pytester: pytest.Pytester, conftest: str = "", only: str = "test_*.py
 
 def _run(pytester: pytest.Pytester, *args: str) -> tuple[Any, dict[str, Any]]:
     report = pytester.path / "report.json"
-    res = pytester.runpytest_subprocess("--kvaudit-backend=vllm", f"--kvaudit-report={report}", "-p", "no:cacheprovider",
+    res = pytester.runpytest_subprocess("--kvaudit-backend=vllm", f"--kvaudit-report={report}", "-p",
+                                        "no:cacheprovider",
                                         "-W", "ignore", *args)
     return res, (json.loads(report.read_text()) if report.exists() else {})
 
@@ -184,7 +189,8 @@ DIVERGE = ("from pytest_kvaudit.core.runtime.decoder import Faults\n\n"
 
 
 @pytest.mark.parametrize("copies", [True, False], ids=["transplant", "copies-nothing"])
-def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.Pytester,
+                                                               monkeypatch: pytest.MonkeyPatch,
                                                                copies: bool) -> None:
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     transplant = "" if copies else ", transplant=nothing"
@@ -303,7 +309,8 @@ def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
                   "async_scheduling": False}
     assert not invariant and engine_value("0.5") == 0.5 and engine_value('{"a": 1}') == {"a": 1}
     assert engine_kwargs({}, on_cpu=True)[0] == {"block_size": 32, "enforce_eager": True, "async_scheduling": False}
-    with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg blok_size=\.\.\.: vLLM's EngineArgs has no 'blok_size'"):
+    with pytest.raises(KvauditError,
+                       match=r"^--kvaudit-engine-arg blok_size=\.\.\.: vLLM's EngineArgs has no 'blok_size'"):
         engine_kwargs({"blok_size": "16"}, on_cpu=True)
     with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg enable_prefix_caching=\.\.\.: kvaudit sets"):
         engine_kwargs({"enable_prefix_caching": "false"}, on_cpu=True)

