@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.progress import WorkerProgress, printer
-from pytest_kvaudit.session import SELECTION_KEY
+from pytest_kvaudit.settings import SELECTION_KEY
 from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"
