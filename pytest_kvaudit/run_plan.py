@@ -15,7 +15,7 @@ from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.pipeline import computes
 from pytest_kvaudit.core.planning.calibrate import SAMPLE
 from pytest_kvaudit.core.planning.estimate import remember
-from pytest_kvaudit.core.planning.plan import make_plan
+from pytest_kvaudit.core.planning.plan import ClaimAsks, make_plan
 from pytest_kvaudit.report.document import write
 
 
@@ -41,8 +41,9 @@ def claims_plan(selected: Sequence[Any], undeclared: Sequence[str], thresholds: 
     th = {c.name: c.resolve(store.cfg, thresholds.get(c.name, {})) for c in claims}
     least = {c.name: least_units(c, thresholds.get(c.name, {}), store.cfg) for c in claims}
     ledger = next((p for c in registered() if (p := c.recorded_run(store.cfg)) is not None), None)
-    plan = make_plan(store, least, ledger, workers, sample, {c.name: c.applicable(store.cfg) for c in claims},
+    asks = ClaimAsks(least, {c.name: c.applicable(store.cfg) for c in claims},
                      {c.name: partial(c.strict_needs, th[c.name]) for c in claims})
+    plan = make_plan(store, asks, ledger, workers, sample)
     for c in claims:
         plan["claims"][c.name]["reads"] = "everything" if c.needs is None else list(c.needs)
     for name in undeclared:
