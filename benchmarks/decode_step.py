@@ -3,7 +3,7 @@
 
 Why: an audit is ~90% one-token forwards (issue 30: a 200-item SmolLM2 audit priced at 7,303 s), so the cost
 of one decode step is the audit's cost. transformers' forward wraps the model's ops in ~20 module calls,
-decorators and a mask builder per layer; :class:`pytest_kvaudit.core.runtime.backends.lean.LeanStep` calls the same
+decorators and a mask builder per layer; :class:`pytest_kvaudit.core.runtime.lean_step.LeanStep` calls the same
 ops directly. This script measures, in one run, on each model and precision, interleaved (the order rotates
 every repeat), the median of ``--repeats``:
 

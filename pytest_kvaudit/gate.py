@@ -1,10 +1,10 @@
 """``--kvaudit-baseline``: the checkpoint gate, on the pytest side.
 
 * At configure, before anything loads, the baseline is read and checked against the run
-  (:mod:`pytest_kvaudit.core.planning.baseline`): a missing or damaged baseline, or one recorded for another architecture, item set,
+  (:mod:`pytest_kvaudit.core.gate.identity`): a missing or damaged baseline, or one recorded for another architecture, item set,
   n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
 * ``kvaudit::baseline`` is a test item of its own, collected when a baseline is given: it compares the two
-  ledgers token for token (:mod:`pytest_kvaudit.core.planning.ledger_diff`) and fails, with a diff, when a rule
+  ledgers token for token (:mod:`pytest_kvaudit.core.gate.ledger_diff`) and fails, with a diff, when a rule
   (``--kvaudit-baseline-fail``) calls a movement a regression. Being a test, it runs wherever the store is
   (an xdist worker, a merge) and its outcome is in pytest's summary, so the summary matches the exit status.
 * A claim that passed in the baseline and no longer does fails its own test, saying so (:meth:`Gate.check_verdict`).
@@ -23,8 +23,9 @@ from pytest_kvaudit import options as opt
 from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.cost import ledger as L
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.planning.baseline import Rules, mismatches, recorded_identity
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.identity import mismatches, recorded_identity
+from pytest_kvaudit.core.gate.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.rules import Rules
 from pytest_kvaudit.report.comparison import comparable, gate_diff, load_baseline
 from pytest_kvaudit.verdict_relay import GATE_PROP
 

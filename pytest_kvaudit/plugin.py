@@ -17,7 +17,7 @@ from pytest_kvaudit import gate, hooks, interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.atomic import atomic_write_text
-from pytest_kvaudit.core.cost.ledger import slug
+from pytest_kvaudit.core.cost.ledger import snapshot_folder
 from pytest_kvaudit.core.model.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.core.runtime.chat import checkpoint_source, header_line
 from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
@@ -262,7 +262,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                                             for c in said.claims.values()):
         # the run's verdicts beside the ledger it recorded: what --kvaudit-baseline compares the next checkpoint
         # with (a refused recording leaves both as they were)
-        path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
+        cfg = sess.config
+        path = snapshot_folder(cfg.snapshots or config.rootpath / "snapshots", cfg.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
 
 

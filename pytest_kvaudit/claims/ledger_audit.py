@@ -23,9 +23,8 @@ from pytest_kvaudit.core.model.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, 
 def default_path(snapshots: str | None, model: str) -> Path:
     """Where this claim's suite keeps ``model``'s ledger (``--kvaudit-snapshots`` or
     ``snapshots/``); the embedded checkpoint's falls back to the ledger kvaudit ships."""
-    name = L.slug(model)
-    path = Path(snapshots or "snapshots") / name / "test_ledger_audit" / "test_ledger_audit.json"
-    if not path.is_file() and name == EMBEDDED_NAME:
+    path = L.snapshot_folder(snapshots, model) / "test_ledger_audit" / "test_ledger_audit.json"
+    if not path.is_file() and L.slug(model) == EMBEDDED_NAME:
         return EMBEDDED_SNAPSHOTS / "test_ledger_audit" / "test_ledger_audit.json"
     return path
 
@@ -54,8 +53,7 @@ class LedgerAudit(Claim):
         if snapshot is None:
             raise KvauditError("ledger_audit needs syrupy's snapshot fixture: kvaudit_judge.claim(snapshot=snapshot)")
         tokens_only = cfg.ledger_tokens_only
-        root = Path(cfg.snapshots) if cfg.snapshots else Path("snapshots")
-        ext = extension_for(root, L.slug(cfg.model), tokens_only)
+        ext = extension_for(L.snapshot_folder(cfg.snapshots, cfg.model), tokens_only)
         snap = snapshot.use_extension(ext)
         path = ext.ledger_path(snap.test_location)
         L.sweep_temporary(path)  # a write that a kill interrupted leaves nothing behind for long

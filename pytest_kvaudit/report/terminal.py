@@ -200,24 +200,3 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
         return [f"{'':<22} strict n: no n reaches it at these rates ({by}), so --kvaudit-strict fails it."]
     warn = f"; WARNING: this run has n={items}, so --kvaudit-strict is likely to fail it" if items < st["n"] else ""
     return [f"{'':<22} strict n: {st['n']} items ({by}) for {chance}{span}{warn}."]
-
-
-def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
-    """What changed from the baseline, one line a change."""
-    if not cmp["changes"]:
-        return ["no change from the baseline: every verdict and rate within its baseline interval"]
-    out = []
-    for ch in cmp["changes"]:
-        if ch["kind"] == "rate":
-            (k0, n0), (k1, n1) = ch["was"], ch["now"]
-            lo, hi = ch["baseline_interval"]
-            out.append(f"REGRESSION {ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the "
-                       f"baseline's 95% interval [{lo:.3f}, {hi:.3f}]")
-        elif ch["kind"] == "new":
-            out.append(f"{ch['claim']}: new claim, {ch['now']}")
-        elif ch["kind"] == "missing":
-            out.append(f"{ch['claim']}: in the baseline ({ch['was']}), not judged in this run")
-        else:
-            tag = "REGRESSION " if ch["kind"] == "regression" else ""
-            out.append(f"{tag}{ch['claim']}: {ch['was']} -> {ch['now']}")
-    return out

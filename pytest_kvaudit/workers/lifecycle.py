@@ -23,8 +23,8 @@ from typing import Any
 from pytest_kvaudit.core.compute.progress import Progress
 from pytest_kvaudit.core.compute.store import Store
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.gate.identity import partial_identity, run_identity
 from pytest_kvaudit.core.model.config import AuditConfig
-from pytest_kvaudit.core.planning.baseline import partial_identity, run_identity
 from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
 from pytest_kvaudit.core.runtime.itemcheck import item_set_name
 from pytest_kvaudit.core.runtime.torch_settings import prepare

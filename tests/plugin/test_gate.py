@@ -16,8 +16,9 @@ import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR
-from pytest_kvaudit.core.planning.baseline import Rules, mismatches
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.identity import mismatches
+from pytest_kvaudit.core.gate.rules import Rules
+from pytest_kvaudit.core.gate.ledger_diff import compare, findings, with_text
 from pytest_kvaudit.report.comparison import compare as compare_reports
 from pytest_kvaudit.report.comparison import compare_lines, ledger_lines
 from pytest_kvaudit.report.html import gate_banner

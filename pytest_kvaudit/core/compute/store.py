@@ -112,7 +112,7 @@ class Store:
         for phase, dtype in enumerate(self.cfg.dtypes):
             t_stage = time.perf_counter()
             h = self.handle(dtype)
-            self._learn(h, dtype)
+            learn_engine(self, h, dtype)
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)
@@ -137,7 +137,7 @@ class Store:
                 tally.tokens, tally.seconds = self.cost.forward_tokens, time.perf_counter() - t0
                 if progress is not None:
                     progress(tally)
-            self._probe(dec, h, dtype)
+            probe(self, dec, h, dtype)
             # one model resident at a time: these hold the model, and the next handle() can free only what
             # nothing else references (else two are in memory while the next one loads)
             if builder.layer_kinds and "layer_kinds" not in self.identity:  # the report names each layer's kind
@@ -153,29 +153,6 @@ class Store:
         if progress is not None:  # the last word, never throttled: a queue worker cannot count to its end
             tally.finished, tally.seconds = True, self.cost.seconds
             progress(tally)
-
-    def _learn(self, h: Backend, dtype: str) -> None:
-        """The model's identity and the environment, from the first precision's engine; each engine's own facts
-        (per precision where keyed)."""
-        if not self.identity:
-            self.identity = dict(h.identity)
-            if Path(self.cfg.model).resolve() == EMBEDDED_DIR.resolve():
-                self.identity["id"] = "embedded"
-            self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
-                                                        "backend": self.cfg.backend}
-        self.environment.setdefault("dtypes", []).append(dtype)
-        for key, value in getattr(h, "environment", {}).items():
-            if isinstance(value, dict):
-                self.environment.setdefault(key, {}).update(value)
-            else:
-                self.environment.setdefault(key, value)
-
-    def _probe(self, dec: Decoder, h: Backend, dtype: str) -> None:
-        """The probes on the precision's loaded model: batch invariance, then the cache axes (before the attention
-        axes, which load other models)."""
-        probes.batch_invariance(self, dec, h, dtype)
-        for kind in self.cfg.cache_axes:
-            probes.cache_probe(self, h, dtype, kind)
 
     def _cell(self, builder: CellBuilder, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],
               grant: Callable[[], tuple[bool, ...]]) -> CellRecord:
@@ -205,6 +182,31 @@ class Store:
             "stages": self.stages,
             "plan": self.plan,
         }
+
+
+def learn_engine(store: Store, h: Backend, dtype: str) -> None:
+    """The model's identity and the environment, from the first precision's engine; each engine's own facts
+    (per precision where keyed)."""
+    if not store.identity:
+        store.identity = dict(h.identity)
+        if Path(store.cfg.model).resolve() == EMBEDDED_DIR.resolve():
+            store.identity["id"] = "embedded"
+        store.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
+                                                     "backend": store.cfg.backend}
+    store.environment.setdefault("dtypes", []).append(dtype)
+    for key, value in getattr(h, "environment", {}).items():
+        if isinstance(value, dict):
+            store.environment.setdefault(key, {}).update(value)
+        else:
+            store.environment.setdefault(key, value)
+
+
+def probe(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:
+    """The probes on the precision's loaded model: batch invariance, then the cache axes (before the attention
+    axes, which load other models)."""
+    probes.batch_invariance(store, dec, h, dtype)
+    for kind in store.cfg.cache_axes:
+        probes.cache_probe(store, h, dtype, kind)
 
 
 def taken(items: Sequence[Item], phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:

@@ -51,6 +51,13 @@ def slug(model_id: str) -> str:
     return re.sub(r"[^\w.-]+", "-", model_id.replace("/", "--"))
 
 
+def snapshot_folder(snapshots: str | Path | None, model_id: str) -> Path:
+    """A model's folder of recorded runs, ``<snapshots>/<slug>/`` (``--kvaudit-snapshots``, default
+    ``snapshots``): its ledger (``test_ledger_audit/test_ledger_audit.json``) and its ``report.json``. The one
+    place that spells the layout."""
+    return Path(snapshots or "snapshots") / slug(model_id)
+
+
 def _cont(c: Any) -> dict[str, Any]:
     # an engine's warm construction also keeps the tokens it reused: a replay that reused otherwise is another unit
     reused = {"reused": c.reused} if getattr(c, "reused", None) is not None else {}

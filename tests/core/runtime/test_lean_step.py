@@ -1,4 +1,4 @@
-"""The lean decode step (:mod:`pytest_kvaudit.core.runtime.backends.lean`) gives transformers' bits, proves it on its
+"""The lean decode step (:mod:`pytest_kvaudit.core.runtime.lean_step`) gives transformers' bits, proves it on its
 first step, falls back where one bit differs, and leaves every model and cache it does not know to
 transformers' forward."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR, BoundaryRule
-from pytest_kvaudit.core.runtime.backends.lean import LeanStep, refusal
+from pytest_kvaudit.core.runtime.lean_step import LeanStep, refusal
 from pytest_kvaudit.core.runtime.backends.transformers import open_backend
 from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy, trajectory
 

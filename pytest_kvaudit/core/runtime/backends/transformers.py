@@ -11,7 +11,7 @@ from typing import Any
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.runtime import state as kv
-from pytest_kvaudit.core.runtime.backends.lean import LeanStep
+from pytest_kvaudit.core.runtime.lean_step import LeanStep
 from pytest_kvaudit.core.runtime.loading import ModelHandle, open_model
 
 
