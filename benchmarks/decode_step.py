@@ -103,7 +103,8 @@ def measure(label: str, backend: Any, prompt: Sequence[int], T: int, repeats: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="checkpoint folder (default: SmolLM2-135M-Instruct via testing.smollm2())")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint folder (default: SmolLM2-135M-Instruct via testing.smollm2())")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)

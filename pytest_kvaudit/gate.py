@@ -1,8 +1,8 @@
 """``--kvaudit-baseline``: the checkpoint gate, on the pytest side.
 
 * At configure, before anything loads, the baseline is read and checked against the run
-  (:mod:`pytest_kvaudit.core.gate.identity`): a missing or damaged baseline, or one recorded for another architecture, item set,
-  n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
+  (:mod:`pytest_kvaudit.core.gate.identity`): a missing or damaged baseline, or one recorded for another architecture,
+  item set, n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
 * ``kvaudit::baseline`` is a test item of its own, collected when a baseline is given: it compares the two
   ledgers token for token (:mod:`pytest_kvaudit.core.gate.ledger_diff`) and fails, with a diff, when a rule
   (``--kvaudit-baseline-fail``) calls a movement a regression. Being a test, it runs wherever the store is
@@ -130,7 +130,8 @@ class BaselineItem(pytest.Item):
         store = self.get_store()
         current = L.build(store)
         if gate.ledger is None:
-            pytest.skip(gate.notes[-1] if gate.notes else "The baseline has no ledger, so trajectories are not compared.")
+            pytest.skip(gate.notes[-1] if gate.notes
+                        else "The baseline has no ledger, so trajectories are not compared.")
         try:
             recorded = gate.recorded if gate.recorded is not None else L.read(gate.ledger)
         except KvauditError as exc:

@@ -48,7 +48,8 @@ def check_thresholds(thresholds: Mapping[str, Mapping[str, float]], audit: Audit
         bad = [k for k in keys if k not in have]
         if bad:
             raise pytest.UsageError(
-                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are {', '.join(sorted(have))}"
+                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are "
+                f"{', '.join(sorted(have))}"
             )
     return unknown
 
@@ -62,7 +63,8 @@ def unknown_claims_message(unknown: list[str], claims: Iterable[Any]) -> str:
 def unread_thresholds(thresholds: Mapping[str, Mapping[str, float]], judged: Iterable[str]) -> list[str]:
     """The threshold lines (as ``claim.key=value``) of claims this run never judged: no claim read them."""
     seen = set(judged)
-    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen for key, val in keys.items()]
+    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen
+            for key, val in keys.items()]
 
 
 def unread_thresholds_message(lines: list[str], judged: Iterable[str], claims: Iterable[Any]) -> str:

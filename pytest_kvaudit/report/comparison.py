@@ -27,7 +27,8 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """A recorded report: a report JSON file, or a snapshots/<slug>/ folder holding report.json."""
     p = path / "report.json" if path.is_dir() else path
     if not p.is_file():
-        raise KvauditError(f"--kvaudit-baseline: no report at {p}: record one with --snapshot-update or --kvaudit-report")
+        raise KvauditError(f"--kvaudit-baseline: no report at {p}: record one with --snapshot-update or "
+                           "--kvaudit-report")
     try:
         rep = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -67,7 +67,8 @@ class Store:
         self.computed = False
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self.stages: dict[str, float] = {}  # seconds per precision: model load, its cells and probes
-        self.plan: dict[str, Any] = {}  # what the run intended, priced before it ran (:mod:`pytest_kvaudit.core.planning.plan`)
+        #: what the run intended, priced before it ran (:mod:`pytest_kvaudit.core.planning.plan`)
+        self.plan: dict[str, Any] = {}
         self._handles: dict[str, Backend] = {}
 
     @classmethod
@@ -132,7 +133,8 @@ class Store:
                 granted += bool(rec.whole_transplants())
                 self.records[(item.id, dtype)] = rec
                 if queue is not None:
-                    queue.done(phase, j, bool(rec.whole_transplants()), fixed_prefix.get(item.id) if phase == 0 else None)
+                    queue.done(phase, j, bool(rec.whole_transplants()), fixed_prefix.get(item.id) if phase == 0
+                               else None)
                 tally.done[dtype] = tally.done.get(dtype, 0) + 1
                 tally.tokens, tally.seconds = self.cost.forward_tokens, time.perf_counter() - t0
                 if progress is not None:

@@ -26,7 +26,8 @@ MODEL_FIELDS = ("architecture", "num_layers", "weights_digest", "config_digest")
 #: ledger recorded before either existed still reads)
 CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes", "stop_regex", "exact_items")
 #: environment fields that decide bit-exactness: a full audit refuses when any differs
-ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa", "attn_implementation",
+ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa",
+              "attn_implementation",
               "num_threads", "deterministic_algorithms", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision")
 TOKEN_FIELDS = ("generated", "boundary", "reason", "prompt_ids_digest")
 CONTINUATION_TOKEN_FIELDS = ("suffix", "label")
@@ -117,8 +118,10 @@ def parse(text: str, where: str) -> dict[str, Any]:
             f"ledger {where} is not valid JSON (line {exc.lineno}: {exc.msg}): truncated or edited by hand? "
             "restore it from git or re-record with --snapshot-update"
         ) from None
-    if not isinstance(doc, dict) or doc.get("kvaudit_ledger") != LEDGER_VERSION or not isinstance(doc.get("units"), dict):
-        raise KvauditError(f"ledger {where} is not a kvaudit ledger (version {LEDGER_VERSION}): re-record with --snapshot-update")
+    if (not isinstance(doc, dict) or doc.get("kvaudit_ledger") != LEDGER_VERSION
+            or not isinstance(doc.get("units"), dict)):
+        raise KvauditError(f"ledger {where} is not a kvaudit ledger (version {LEDGER_VERSION}): re-record with "
+                           "--snapshot-update")
     for key in ("model", "environment", "config"):
         if not isinstance(doc.get(key), dict):
             raise KvauditError(f"ledger {where} lacks its '{key}' block: re-record with --snapshot-update")

@@ -5,7 +5,8 @@ the comparison means something only when both runs asked the same question: the 
 the same items (ids, prompts, answers, count), and the same settings that decide the bits of a trajectory and
 which cells exist (backend, precisions, attention, TF32, chat template, threads, constructions, boundary,
 answer regex, generation budget). :func:`run_identity` says that for a run from its config and item set, before
-any model loads; :func:`mismatches` lists what differs, one line a field with both values. Pure data, no pytest, no torch.
+any model loads; :func:`mismatches` lists what differs, one line a field with both values. Pure data, no pytest, no
+torch.
 """
 
 from __future__ import annotations
@@ -124,5 +125,6 @@ def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any], resolved: Ma
         if f in bs and f in rs and not _same(f, bs[f], rs[f], resolved):
             out.append(f"settings.{f}: baseline {_show(bs[f])}, this run {_show(rs.get(f))}")
     if bs.get("stop_regex") != rs.get("stop_regex"):  # written only where a set has one: absent is none
-        out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run {_show(rs.get('stop_regex'))}")
+        out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run "
+                   f"{_show(rs.get('stop_regex'))}")
     return out

@@ -74,7 +74,8 @@ def parse_engine_args(pairs: Iterable[str], source: str = "--kvaudit-engine-arg"
         if not eq or not key.isidentifier() or not val.strip():
             raise KvauditError(f"{source} {p!r}: give KEY=VALUE, e.g. block_size=16 or enable_chunked_prefill=true")
         if key in out:
-            raise KvauditError(f"{source}: {key} is given twice ({key}={out[key]} and {key}={val.strip()}); give it once")
+            raise KvauditError(f"{source}: {key} is given twice ({key}={out[key]} and {key}={val.strip()}); give it "
+                               "once")
         out[key] = val.strip()
     return tuple(sorted(out.items()))
 

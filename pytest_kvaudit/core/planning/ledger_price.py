@@ -29,7 +29,8 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     except KvauditError as exc:
         return out | {"why": str(exc)}
     current = {"model": dict(identity), "environment": dict(env),  # cfg.stop_regex: the item set's, resolved
-               "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
+               "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"),
+                          "max_new_tokens": doc["config"].get("max_new_tokens"),
                           "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes),
                           "exact_items": cfg.exact_items}}
     diffs = L.identity_differences(doc, current, tokens_only=True)
@@ -60,4 +61,5 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     exact = not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
     return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
                   "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
-                  "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
+                  "why": None if not missing
+                  else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}

@@ -43,7 +43,8 @@ def gguf_file(path: Path) -> Path | None:
     found = sorted(p for p in path.iterdir() if p.suffix.lower() == SUFFIX and p.is_file())
     if len(found) > 1:
         names = ", ".join(p.name for p in found[:3])
-        raise KvauditError(f"checkpoint {path} holds {len(found)} GGUF files ({names}): pass one as --kvaudit-model=FILE.gguf")
+        raise KvauditError(f"checkpoint {path} holds {len(found)} GGUF files ({names}): pass one as "
+                           "--kvaudit-model=FILE.gguf")
     return found[0] if found else None
 
 
@@ -67,7 +68,8 @@ def read_header(file: Path) -> dict[str, Any]:
     except Exception as exc:  # a truncated or foreign file: gguf's own errors are ValueErrors and struct errors
         raise KvauditError(f"{file} is not a readable GGUF file ({type(exc).__name__}: {str(exc)[:200]}); "
                            "re-download it") from None
-    meta = {k: f.contents() for k, f in reader.fields.items() if len(f.data) == 1 and not k.startswith("tokenizer.ggml.")}
+    meta = {k: f.contents() for k, f in reader.fields.items() if len(f.data) == 1
+            and not k.startswith("tokenizer.ggml.")}
     types = Counter(t.tensor_type.name for t in reader.tensors)
     return {"metadata": meta, "tensor_types": dict(sorted(types.items()))}
 

@@ -158,7 +158,8 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
     cfg = read_config(path)
     if cfg.get("auto_map") and not trust_remote_code and not _known_model_type(cfg.get("model_type")):
         raise KvauditError(
-            f"checkpoint {path} needs custom code (auto_map in config.json): pass --kvaudit-trust-remote-code if you trust it"
+            f"checkpoint {path} needs custom code (auto_map in config.json): pass --kvaudit-trust-remote-code if you "
+            "trust it"
         )
     if cfg.get("is_encoder_decoder") or (cfg.get("text_config") or {}).get("is_encoder_decoder"):
         raise KvauditError(
@@ -186,13 +187,16 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
     except (ValueError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "trust_remote_code" in first:
-            raise KvauditError(f"checkpoint {path} needs custom code: pass --kvaudit-trust-remote-code if you trust it") from None
-        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn else "") + f": {first}") from None
+            raise KvauditError(f"checkpoint {path} needs custom code: pass --kvaudit-trust-remote-code if you "
+                               "trust it") from None
+        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn
+                                                               else "") + f": {first}") from None
     except OSError as exc:
         raise KvauditError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
     except Exception as exc:  # safetensors' and torch's own errors on files that check_files let through
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise KvauditError(f"cannot load {path}: {type(exc).__name__}: {first[:300]}; is the checkpoint complete?") from None
+        raise KvauditError(f"cannot load {path}: {type(exc).__name__}: {first[:300]}; "
+                           "is the checkpoint complete?") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     check_loading_info(path, model, info)

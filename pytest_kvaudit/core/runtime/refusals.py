@@ -102,7 +102,8 @@ def check_loading_info(path: Path, model: Any, info: dict[str, Any]) -> None:
     if unexpected:
         raise KvauditError(
             f"checkpoint {path} holds {len(unexpected)} weight(s) its config.json does not use, e.g. {unexpected[0]}: "
-            "the config and the weights do not match (a config edited to fewer layers?); use the checkpoint's own config.json"
+            "the config and the weights do not match (a config edited to fewer layers?); use the checkpoint's own "
+            "config.json"
         )
 
 
