@@ -21,7 +21,7 @@ from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.runtime.environment import torch_dtype
-from pytest_kvaudit.core.runtime.refusals import check_loading_info
+from pytest_kvaudit.core.runtime.refusals import ready
 
 SUFFIX = ".gguf"
 #: the packages the ``pytest-kvaudit[gguf]`` extra installs: transformers needs both to read a GGUF file
@@ -154,12 +154,7 @@ def load_model(file: Path, dtype: str, device: str, attn: str | None = None, dev
         raise KvauditError(f"cannot load GGUF file {file} at {dtype}: {first[:300]}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    check_loading_info(file, model, info)
-    if not device_map:
-        model.to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model
+    return ready(file, model, info, device, device_map)
 
 
 def convert(file: Path, out: Path, dtype: str = "fp32") -> Path:

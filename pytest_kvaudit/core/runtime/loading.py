@@ -18,7 +18,7 @@ from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.runtime import gguf
 from pytest_kvaudit.core.runtime.environment import check_dtype_supported, environment, resolve_device, torch_dtype
-from pytest_kvaudit.core.runtime.refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
+from pytest_kvaudit.core.runtime.refusals import check_causal, check_files, check_vocab, read_json, ready
 
 __all__ = ["ModelHandle", "check_dtype_supported", "environment", "model_identity", "open_model", "resolve_checkpoint",
            "resolve_device"]
@@ -199,12 +199,7 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
                            "is the checkpoint complete?") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    check_loading_info(path, model, info)
-    if not device_map:
-        model.to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model
+    return ready(path, model, info, device, device_map)
 
 
 def position_limit(model: Any) -> int | None:

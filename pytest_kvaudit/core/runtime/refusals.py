@@ -189,3 +189,14 @@ def check_vocab(model: Any, tokenizer: Any, path: Path) -> None:
             f"tokenizer of {path} has {n_tok} tokens but the model's embedding has {n_model}: "
             "they come from different checkpoints"
         )
+
+
+def ready(where: Path, model: Any, info: Any, device: str, device_map: str | None) -> Any:
+    """A model transformers just loaded (a checkpoint folder or a GGUF file, ``where``): refused where its loading
+    info names weights it lacks or ignores, then placed on ``device`` (unless a device map placed it) and frozen."""
+    check_loading_info(where, model, info)
+    if not device_map:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
