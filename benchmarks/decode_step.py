@@ -3,7 +3,7 @@
 
 Why: an audit is ~90% one-token forwards (issue 30: a 200-item SmolLM2 audit priced at 7,303 s), so the cost
 of one decode step is the audit's cost. transformers' forward wraps the model's ops in ~20 module calls,
-decorators and a mask builder per layer; :class:`pytest_kvaudit.core.runtime.backends.lean.LeanStep` calls the same
+decorators and a mask builder per layer; :class:`pytest_kvaudit.core.runtime.lean_step.LeanStep` calls the same
 ops directly. This script measures, in one run, on each model and precision, interleaved (the order rotates
 every repeat), the median of ``--repeats``:
 
@@ -103,7 +103,8 @@ def measure(label: str, backend: Any, prompt: Sequence[int], T: int, repeats: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="checkpoint folder (default: SmolLM2-135M-Instruct via testing.smollm2())")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint folder (default: SmolLM2-135M-Instruct via testing.smollm2())")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)

@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         t3, v3 = report(f"growth to {max(counts)} items: tiny_checkpoint llama (2 layers, hidden 32), synthetic items, "
                         f"{','.join(dtypes)}, report written", "n", big_pts, cuda)
         for pt in big_pts:
-            print(f"  {pt['n']} items: report {pt['report_bytes'] / 1024:.1f} KiB, peak RSS {pt['rss_peak_mib']:.0f} MiB, "
-                  f"{pt['process_s']:.0f}s in all", flush=True)
+            print(f"  {pt['n']} items: report {pt['report_bytes'] / 1024:.1f} KiB, peak RSS {pt['rss_peak_mib']:.0f} "
+                  f"MiB, {pt['process_s']:.0f}s in all", flush=True)
         out["big_sweep"] = {"points": big_pts, "table": t3, **v3}
     total = time.perf_counter() - t0
     print(f"growth: {total:.1f}s for all points")

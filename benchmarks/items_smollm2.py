@@ -63,7 +63,8 @@ def greedy(model, prompt: list[int], budget: int, eos: set[int]) -> list[int]:  
             out = model(torch.tensor([[gen[-1]]]), past_key_values=out.past_key_values, use_cache=True)
 
 
-def greedy_batch(model, prompts: list[list[int]], budget: int, eos: set[int], pad: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def greedy_batch(model, prompts: list[list[int]], budget: int, eos: set[int],  # type: ignore[no-untyped-def]
+                 pad: int) -> list[list[int]]:
     """The same greedy decoding for a left-padded batch (``generate``), each row cut after its first EOS: many
     times faster on a loaded CPU, but the batch's shapes and padding may move a near-tie, so its figures are
     an estimate of the single-sequence ones (``--batch 1``), which the results compare on the items both ran."""
@@ -147,16 +148,18 @@ def main() -> None:
     by_kind: dict[str, list[bool]] = defaultdict(list)
     for it, got, *_ in rows:
         by_kind[it.id.rsplit("-", 1)[1]].append(got == it.answer)
-    print(f"accuracy {correct}/{n} = {correct / n:.1%}  (" + ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_kind.items())
+    print(f"accuracy {correct}/{n} = {correct / n:.1%}  (" + ", ".join(f"{k} {sum(v)}/{len(v)}"
+                                                                       for k, v in by_kind.items())
           + ")")
     print(f"answers extracted {extracted}/{n} = {extracted / n:.1%}")
     print(f"eligible (boundary reached) {len(eligible)}/{n} = {len(eligible) / n:.1%}")
     print(f"boundary before the first answer {len(before)}/{len(eligible)} eligible; tokens from the boundary to the "
-          f"answer's end: mean {statistics.mean(gaps) if gaps else 0:.1f}, median {statistics.median(gaps) if gaps else 0}, "
-          f"min {min(gaps, default=0)}, max {max(gaps, default=0)}")
+          f"answer's end: mean {statistics.mean(gaps) if gaps else 0:.1f}, median "
+          f"{statistics.median(gaps) if gaps else 0}, min {min(gaps, default=0)}, max {max(gaps, default=0)}")
     print(f"generated tokens per trajectory: mean {statistics.mean(r[4] for r in rows):.1f} (EOS on "
           f"{sum(r[5] for r in rows)}/{n}, the rest stop at {budget}); first answer ends at token mean "
-          f"{statistics.mean(r[3] for r in rows if r[3]) if extracted else 0:.1f}, max {max((r[3] for r in rows if r[3]), default=0)}")
+          f"{statistics.mean(r[3] for r in rows if r[3]) if extracted else 0:.1f}, max "
+          f"{max((r[3] for r in rows if r[3]), default=0)}")
     print(f"{seconds:.0f}s ({seconds / max(1, sum(r[4] for r in rows)) * 1e3:.1f} ms per generated token)")
 
 

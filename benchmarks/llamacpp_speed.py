@@ -40,7 +40,8 @@ def main() -> None:
         t = time.perf_counter()
         suffix, _ = continue_greedy(dec, s, p[-1], 128)
         decode = time.perf_counter() - t
-        print(f"{dt}: open {load:.2f} s, prefill {len(ids) / prefill:.0f} tokens/s, decode {len(suffix) / decode:.1f} tokens/s")
+        print(f"{dt}: open {load:.2f} s, prefill {len(ids) / prefill:.0f} tokens/s, decode {len(suffix) / decode:.1f} "
+              "tokens/s")
 
 
 if __name__ == "__main__":

@@ -184,7 +184,8 @@ def trace_item(b: Any, lib: Any, item: Any, iset: Any) -> dict[str, Any]:
         if m and base in PER_LAYER and t["tensor"] == f"{base}-{m.group(1)}":
             per_layer.setdefault(m.group(1), {})[base] = t["differ"]
     return {"id": item.id, "eligible": True, "prompt_len": len(prompt), "head_len": len(head),
-            "states_equal": pre_state == live_state, "callback_changes_state": (pre_state, live_state) != (plain_pre, plain_live),
+            "states_equal": pre_state == live_state, "callback_changes_state": (pre_state, live_state) != (plain_pre,
+                                                                                                           plain_live),
             "first_differing_tensor": first, "first_per_layer": first_per_layer,
             "positions_differing_per_layer": per_layer, "tensors": tensors}
 
@@ -221,11 +222,13 @@ def main() -> None:
                   f"{' in ' + t['src0_buffer'] if 'src0_buffer' in t else ''}) at {t['differ']}/{t['positions']} "
                   f"positions {t['first_positions']}, {t['differ_in_prompt']} in the prompt")
         print("  positions differing per layer (" + ", ".join(PER_LAYER) + "): " + "; ".join(
-            f"{layer}: " + "/".join(str(v.get(k, "-")) for k in PER_LAYER) for layer, v in r["positions_differing_per_layer"].items()))
+            f"{layer}: " + "/".join(str(v.get(k, "-"))
+                                    for k in PER_LAYER) for layer, v in r["positions_differing_per_layer"].items()))
         for t in r["tensors"][:30]:
             print(f"    {t['tensor']:<16} {t['op']:<10} {t.get('src0', ''):<28} {t.get('src0_buffer', ''):<6} "
                   f"differ {t['differ']}/{t['positions']}")
-    meta = {"model": Path(args.model).name, "kv_cache": "f32", "n_ubatch": 512, "use_extra_bufts": not args.no_extra_bufts,
+    meta = {"model": Path(args.model).name, "kv_cache": "f32", "n_ubatch": 512,
+            "use_extra_bufts": not args.no_extra_bufts,
             "flash_attn": args.flash_attn, "lib": os.environ.get("LLAMA_CPP_LIB_PATH", "llama-cpp-python 0.3.36 wheel"),
             "system_info": b.environment["llama_cpp_system_info"], "seconds": round(time.perf_counter() - t0, 1),
             "load_average_at_start": round(load, 2)}

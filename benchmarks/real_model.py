@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             rows_bw.append([d, name, weight_bytes / 2**20, bound, tps, tps / bound])
         del h
     out["fit"] = {d: {"a_s": f[0], "b_s_per_token": f[1]} for d, f in fits.items()}
-    tables.append(C.table(f"tokens/s against the bandwidth bound (one-thread copy {bw / 1e9:.1f} GB/s, weights streamed "
-                          "once per token)", ["precision", "loop", "weights MiB", "bound tok/s", "tok/s", "share of bound"],
+    tables.append(C.table(f"tokens/s against the bandwidth bound (one-thread copy {bw / 1e9:.1f} GB/s, weights "
+                          "streamed once per token)", ["precision", "loop", "weights MiB", "bound tok/s", "tok/s",
+                                                       "share of bound"],
                           rows_bw))
     # the audit's forwards at HF's per-call cost (the primary precision's fit for every call: both
     # precisions' calls are pooled by the store, so this uses the mean of the fits)

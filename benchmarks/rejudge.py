@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 REPORTS = {
     "SmolLM2-135M, 200 items, CPU (smollm2-v3)": "benchmarks/results/smollm2-v3/report.json",
-    "SmolLM2-135M, 200 items, replicas on every item (smollm2-v3)": "benchmarks/results/smollm2-v3/report-exact-all-items.json",
+    "SmolLM2-135M, 200 items, replicas on every item (smollm2-v3)":
+        "benchmarks/results/smollm2-v3/report-exact-all-items.json",
     "SmolLM2-135M, 40 items, CPU (smollm2-cpu)": "benchmarks/results/smollm2-cpu/report.json",
     "embedded, 200 items, CPU (snapshots/embedded)": "snapshots/embedded/report.json",
     "embedded, 200 items, H200 (gpu-h200)": "benchmarks/results/gpu-h200/embedded-cuda.json",
@@ -121,9 +122,10 @@ def lines(results: dict[str, Any]) -> list[str]:
                 extra = ""
                 if "mcnemar_p" in v and v["mcnemar_p"] is not None:
                     lo, hi = v["tango_ci"]
-                    extra = (f" {v['discordant'][0]}:{v['discordant'][1]} of {v['n']}, McNemar p = {v['mcnemar_p']:.3g}, "
-                             f"Tango CI [{lo * 100:+.2f}, {hi * 100:+.2f}] points, power {v['power_at_margin']:.0%} "
-                             f"against ±6, pass chance at no move {v['pass_chance_at_zero']:.0%}")
+                    extra = (f" {v['discordant'][0]}:{v['discordant'][1]} of {v['n']}, McNemar p = "
+                             f"{v['mcnemar_p']:.3g}, Tango CI [{lo * 100:+.2f}, {hi * 100:+.2f}] points, power "
+                             f"{v['power_at_margin']:.0%} against ±6, pass chance at no move "
+                             f"{v['pass_chance_at_zero']:.0%}")
                 text.append(f"    {d:<5} {v['status']:<13} {extra.strip() or v['reason']}")
                 if extra and v["status"] != "pass":
                     text.append(f"    {'':<5} {'':<13} {v['reason'].split(';')[0]}")
@@ -149,7 +151,8 @@ def main() -> int:
     smol = json.loads((REPO / REPORTS["SmolLM2-135M, 200 items, CPU (smollm2-v3)"]).read_text())
     results["_prose"] = {"SmolLM2-135M bf16, 200 items": prose(smol)}
     atomic_write_text(RESULTS / "rejudged.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
-    text = "\n".join(["Committed results re-judged with issue 37's rules (python benchmarks/rejudge.py)", "", *lines(results)])
+    text = "\n".join(["Committed results re-judged with issue 37's rules (python benchmarks/rejudge.py)", "",
+                      *lines(results)])
     atomic_write_text(RESULTS / "rejudged.txt", text + "\n")
     print(text)
     return 0

@@ -15,18 +15,20 @@ BACKEND = "--kvaudit-backend"
 ENGINE_ARG = "--kvaudit-engine-arg"
 ENGINE_ARGS_INI = "kvaudit_engine_arg"
 ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineArgs argument such as block_size=16, "
-                   "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, tensor_parallel_size=2, "
-                   "enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU only); repeatable; recorded "
-                   "in the ledger's environment and compared by the gate")
+                   "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, "
+                   "tensor_parallel_size=2, enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU "
+                   "only); repeatable; recorded in the ledger's environment and compared by the gate")
 
 
 def engine_args(config: pytest.Config, backend: str) -> tuple[tuple[str, str], ...]:
     """``--kvaudit-engine-arg`` pairs (or the ini's lines), checked: only vLLM takes them, and a vLLM run runs no
     registered chunk schedule (its constructions are requests, not forwards on a caller's cache)."""
     given = config.getoption("kvaudit_engine_arg")
-    pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), ENGINE_ARG if given else f"{ENGINE_ARGS_INI} (ini)")
+    pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), ENGINE_ARG if given
+                              else f"{ENGINE_ARGS_INI} (ini)")
     if pairs and backend != "vllm":
-        raise KvauditError(f"{ENGINE_ARG} passes arguments to vllm.LLM: it needs {BACKEND}=vllm (this run is {backend})")
+        raise KvauditError(f"{ENGINE_ARG} passes arguments to vllm.LLM: it needs {BACKEND}=vllm "
+                           f"(this run is {backend})")
     if backend == "vllm" and (extra := extra_constructions()):
         raise KvauditError(f"{BACKEND}=vllm serves requests: the registered schedule(s) {', '.join(extra)} are chunk "
                            "schedules of forwards, which vLLM cannot run; unregister them for this run")

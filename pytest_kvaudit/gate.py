@@ -1,10 +1,10 @@
 """``--kvaudit-baseline``: the checkpoint gate, on the pytest side.
 
 * At configure, before anything loads, the baseline is read and checked against the run
-  (:mod:`pytest_kvaudit.core.planning.baseline`): a missing or damaged baseline, or one recorded for another architecture, item set,
-  n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
+  (:mod:`pytest_kvaudit.core.gate.identity`): a missing or damaged baseline, or one recorded for another architecture,
+  item set, n or settings, is a one-line-per-field usage error within seconds, never a verdict after hours.
 * ``kvaudit::baseline`` is a test item of its own, collected when a baseline is given: it compares the two
-  ledgers token for token (:mod:`pytest_kvaudit.core.planning.ledger_diff`) and fails, with a diff, when a rule
+  ledgers token for token (:mod:`pytest_kvaudit.core.gate.ledger_diff`) and fails, with a diff, when a rule
   (``--kvaudit-baseline-fail``) calls a movement a regression. Being a test, it runs wherever the store is
   (an xdist worker, a merge) and its outcome is in pytest's summary, so the summary matches the exit status.
 * A claim that passed in the baseline and no longer does fails its own test, saying so (:meth:`Gate.check_verdict`).
@@ -23,15 +23,20 @@ from pytest_kvaudit import options as opt
 from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.cost import ledger as L
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.planning.baseline import Rules, mismatches, recorded_identity
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.identity import mismatches, recorded_identity
+from pytest_kvaudit.core.gate.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.rules import Rules
 from pytest_kvaudit.report.comparison import comparable, gate_diff, load_baseline
-from pytest_kvaudit.session_report import identity
 from pytest_kvaudit.verdict_relay import GATE_PROP
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_kvaudit.claims.base import ClaimResult
-    from pytest_kvaudit.session import KvauditSession
+    from pytest_kvaudit.core.compute.store import Store
+    from pytest_kvaudit.core.model.config import AuditConfig
+    from pytest_kvaudit.settings import Settings
+    from pytest_kvaudit.workers.lifecycle import Lifecycle
 
 NODE_NAME = "kvaudit::baseline"
 
@@ -47,6 +52,8 @@ class Gate:
     notes: list[str] = field(default_factory=list)
     #: the baseline's ledger, read and validated at configure (None: no ledger, or an xdist worker's gate)
     recorded: dict[str, Any] | None = None
+    #: what the kvaudit::baseline test found (from whichever process ran it)
+    result: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
@@ -67,9 +74,9 @@ class Gate:
                 f"({opt.BASELINE_FAIL}={self.rules.text()}): {result.reason}")
 
 
-def ledger_name(sess: KvauditSession) -> Path:
+def ledger_name(cfg: AuditConfig) -> Path:
     """Where a snapshots/<slug>/ folder keeps its ledger, as the claim that records it says (its last two parts)."""
-    rec = next((p for c in registered() if (p := c.recorded_run(sess.config)) is not None), None)
+    rec = next((p for c in registered() if (p := c.recorded_run(cfg)) is not None), None)
     return Path(*rec.parts[-2:]) if rec is not None else Path("ledger.json")
 
 
@@ -78,34 +85,34 @@ def _ledger_beside(p: Path, name: Path) -> Path | None:
     return folder / name if (folder / name).is_file() else None
 
 
-def open_gate(config: pytest.Config, sess: KvauditSession) -> Gate | None:
+def open_gate(config: pytest.Config, settings: Settings, run: Lifecycle) -> Gate | None:
     """Read and check the baseline at configure time, its ledger included, so that a baseline that cannot gate
     this run (damaged, truncated, or recorded for another model, item set, n or settings) is a usage error
     within seconds, one line a reason; ``--kvaudit-plan`` checks it as the run would."""
-    if sess.baseline is None:
+    if settings.baseline is None:
         return None
 
     try:
         rules = Rules.parse(opt.value(config, opt.BASELINE_FAIL), opt.source(config, opt.BASELINE_FAIL))
-        path = Path(sess.baseline)
-        gate = Gate(path, load_baseline(path), rules, _ledger_beside(path, ledger_name(sess)))
+        path = Path(settings.baseline)
+        gate = Gate(path, load_baseline(path), rules, _ledger_beside(path, ledger_name(run.config)))
         if hasattr(config, "workerinput"):
             return gate  # the controller checked it
-        ident = identity(sess, strict=True)
+        ident = run.identity(strict=True)
     except (KvauditError, OSError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     try:
         gate.recorded = L.read(gate.ledger) if gate.ledger is not None else None
     except (KvauditError, OSError, ValueError) as exc:
-        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run: {exc}") from None
+        raise pytest.UsageError(f"{opt.BASELINE}={settings.baseline} cannot gate this run: {exc}") from None
     resolved = {"attn": gate.report.get("environment", {}).get("attn_implementation")}
     bad = mismatches(recorded_identity(gate.report), ident, resolved)
     if bad:
-        raise pytest.UsageError(f"{opt.BASELINE}={sess.baseline} cannot gate this run (nothing computed):\n  "
+        raise pytest.UsageError(f"{opt.BASELINE}={settings.baseline} cannot gate this run (nothing computed):\n  "
                                 + "\n  ".join(bad) + "\nRecord a baseline with the same items and settings "
                                 "(--snapshot-update), or run with the baseline's items and settings.")
     if gate.ledger is None:
-        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(sess)}), so verdicts are compared, "
+        gate.notes.append(f"{path}: no ledger beside the report ({ledger_name(run.config)}), so verdicts are compared, "
                           "and trajectories and divergent sets are not.")
     return gate
 
@@ -115,16 +122,16 @@ class BaselineItem(pytest.Item):
 
     #: it reads the store as a test using the fixture does: an xdist worker computes its share for it
     fixturenames = ("kvaudit_store",)
-    kvaudit: KvauditSession  # set by :func:`add_item`
+    gate: Gate  # set by :func:`add_item`
+    get_store: Callable[[], Store]  # the run's store: fails with the run's error, skips in a runner's shard
 
     def runtest(self) -> None:
-        sess = self.kvaudit
-        gate = sess.gate
-        assert gate is not None
-        store = sess.get_store()  # fails with the run's error; skips in a runner's shard
+        gate = self.gate
+        store = self.get_store()
         current = L.build(store)
         if gate.ledger is None:
-            pytest.skip(gate.notes[-1] if gate.notes else "The baseline has no ledger, so trajectories are not compared.")
+            pytest.skip(gate.notes[-1] if gate.notes
+                        else "The baseline has no ledger, so trajectories are not compared.")
         try:
             recorded = gate.recorded if gate.recorded is not None else L.read(gate.ledger)
         except KvauditError as exc:
@@ -138,7 +145,7 @@ class BaselineItem(pytest.Item):
                   "environment": [d for d in L.identity_differences(recorded, current, False)
                                   if d.startswith("environment.")]}
         self.user_properties.append((GATE_PROP, json.dumps(result)))
-        sess.gate_result = result
+        gate.result = result
         regressions = [f for f in found if f["kind"] == "regression"]
         if regressions:
             raise GateRegression(result, str(gate.path))
@@ -168,10 +175,8 @@ class GateRegression(Exception):
         self.result, self.path = result, path
 
 
-def add_item(session: pytest.Session, items: list[pytest.Item], sess: KvauditSession) -> None:
+def add_item(session: pytest.Session, items: list[pytest.Item], gate: Gate, get_store: Callable[[], Store]) -> None:
     """Collect ``kvaudit::baseline`` when a baseline is given (every xdist worker collects the same one)."""
-    if sess.gate is None or sess.plan_only:
-        return
     item = BaselineItem.from_parent(session, name=NODE_NAME, nodeid=NODE_NAME)
-    item.kvaudit = sess
+    item.gate, item.get_store = gate, get_store
     items.append(item)

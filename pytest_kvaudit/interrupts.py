@@ -131,7 +131,8 @@ class Interrupts:
             self.session.exitstatus = pytest.ExitCode.INTERRUPTED
             tr = config.pluginmanager.get_plugin("terminalreporter")
             if tr is not None and self.role != "worker":
-                tr.write_line(f"kvaudit: {self.late} while the run was ending: it ended first; exit status 2", yellow=True)
+                tr.write_line(f"kvaudit: {self.late} while the run was ending: it ended first; exit status 2",
+                              yellow=True)
 
 
 def register(config: pytest.Config, folder: Path | None) -> Interrupts:

@@ -47,7 +47,7 @@ class Judge:
             claim = claims.get(name)
             inputs = {k: kwargs.pop(k) for k in claim.inputs if k in kwargs}
             mk = marker.kwargs if marker is not None and (not marker.args or marker.args[0] == name) else {}
-            th = claim.resolve(self.session.config, mk, self.session.thresholds.get(name, {}), kwargs)
+            th = claim.resolve(self.session.config, mk, self.session.settings.thresholds.get(name, {}), kwargs)
         except KvauditError as exc:
             pytest.fail(str(exc), pytrace=False)
         if (why := claim.applicable(self.store.cfg)) is not None:
@@ -75,17 +75,18 @@ class Judge:
             claim = claims.get(result.name)
         display = claim.display(result) if claim is not None else {
             "order": claims.USER_ORDER, "title": result.name, "figure": result.reason, "rates": {}}
-        if claim is not None and wants_sections(self.session.outputs):
-            run = self.session.run_info or run_info(self.store, self.session.config, self.session.selected())
+        sess = self.session
+        if claim is not None and wants_sections(sess.settings.outputs):
+            run = sess.verdicts.run_info or run_info(self.store, sess.config, sess.selected())
             display["html"] = claim.html(result.to_dict(), run)
-        verdicts.record(self.session, result, display, self.node)
+        verdicts.record(sess.verdicts, result, display, self.node, sess.run_info)
         gate = self.session.gate
         if gate is not None and (why := gate.check_verdict(result, display)) is not None:
             pytest.fail(why, pytrace=False)
         if result.status == claims.FAIL:
             pytest.fail(f"{result.name} FAILED: {result.reason}", pytrace=False)
         if result.status == claims.INCONCLUSIVE:
-            if self.session.strict:
+            if self.session.settings.strict:
                 pytest.fail(f"{result.name} inconclusive under --kvaudit-strict: {result.reason}", pytrace=False)
             pytest.skip(f"{result.name} inconclusive: {result.reason}")
         return result

@@ -257,8 +257,8 @@ def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, 
     if shard is not None and merge is not None:
         raise pytest.UsageError(f"{SHARD} computes a shard and {MERGE} judges all of them: give one per run")
     if shard is not None and partials is None:
-        raise pytest.UsageError(f"{SHARD}={text} needs {PARTIALS}=DIR: the folder its partial-{shard[0]}-of-{shard[1]}.json "
-                                "goes to (and that --kvaudit-merge reads)")
+        raise pytest.UsageError(f"{SHARD}={text} needs {PARTIALS}=DIR: the folder its "
+                                f"partial-{shard[0]}-of-{shard[1]}.json goes to (and that --kvaudit-merge reads)")
     if partials is not None and shard is None:
         raise pytest.UsageError(f"{PARTIALS}={partials} without {SHARD}=I/N: say which shard this runner computes")
     return shard, Path(partials) if partials else None, Path(merge) if merge else None

@@ -7,6 +7,7 @@ Importing this module is cheap (no torch): options live in :mod:`.options`, the 
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +17,10 @@ from pytest_kvaudit import gate, hooks, interrupts, thresholds
 from pytest_kvaudit import options as opt
 from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.atomic import atomic_write_text
-from pytest_kvaudit.core.cost.ledger import slug
+from pytest_kvaudit.core.cost.ledger import snapshot_folder
 from pytest_kvaudit.core.model.config import SUITES_DIR, AuditConfig
 from pytest_kvaudit.core.runtime.chat import checkpoint_source, header_line
+from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
 from pytest_kvaudit.judge import Judge
 from pytest_kvaudit.report.comparison import compare_lines
 from pytest_kvaudit.report.document import dumps
@@ -27,6 +29,9 @@ from pytest_kvaudit.report.writers import WRITERS, report_path
 from pytest_kvaudit.selection import uses_store
 from pytest_kvaudit.session import KvauditSession
 from pytest_kvaudit.session_report import run_report
+from pytest_kvaudit.settings import Selection, Settings
+from pytest_kvaudit.workers.lifecycle import Lifecycle
+from pytest_kvaudit.workers.topology import Topology
 from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
 
 if TYPE_CHECKING:
@@ -62,17 +67,17 @@ def pytest_configure(config: pytest.Config) -> None:
         thresholds.check_thresholds(lines, audit, registered())
 
     outputs = {w.flag: path for w in WRITERS if (path := opt.output_path(config, w.flag)) is not None}
-    sess = KvauditSession(audit, config, lines, outputs, opt.value(config, opt.BASELINE),
-                          strict=opt.flag(config, opt.STRICT))
+    settings = Settings(lines, outputs, opt.value(config, opt.BASELINE), strict=opt.flag(config, opt.STRICT),
+                        plan_only=opt.flag(config, opt.PLAN),
+                        analyses=opt.analyses_selection(config))  # checked here, before any worker starts
+    topo = Topology()
+    topo.shard, topo.partials, topo.merge = opt.shards(config)
+    run = Lifecycle(audit, topo, partial(_faults, config))
+    sess = KvauditSession(config, settings, run, Selection(opt.claim_selection(config)))
     config.stash[SESSION_KEY] = sess
     config.pluginmanager.register(sess, "kvaudit-session")
-    sess.selection = opt.claim_selection(config)
-    sess.analyses = opt.analyses_selection(config)  # checked here, before any worker starts
-    sess.plan_only = opt.flag(config, opt.PLAN)
-    topo = sess.topology
-    topo.shard, topo.partials, topo.merge = opt.shards(config)
-    sess.gate = gate.open_gate(config, sess)  # a baseline that cannot gate this run stops it here, before any load
-    if _wants_builtin_claims(config, sess.selection):
+    sess.gate = gate.open_gate(config, settings, run)  # a baseline that cannot gate this run stops it here
+    if _wants_builtin_claims(config, sess.selection.asked):
         suites = str(SUITES_DIR)
         if suites not in config.args:  # xdist workers run this too, from the same invocation args
             config.args.append(suites)
@@ -86,6 +91,11 @@ def pytest_configure(config: pytest.Config) -> None:
     topo.stop = interrupts.register(config, folder).flag
     if sess.controller is not None:
         sess.controller.stop = topo.stop
+
+
+def _faults(config: pytest.Config) -> Faults:
+    """The deliberate faults a conftest's ``pytest_kvaudit_faults`` asks for (asked when the store first opens)."""
+    return config.hook.pytest_kvaudit_faults(config=config) or NO_FAULTS
 
 
 def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
@@ -109,7 +119,7 @@ def _claim_name(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each claim once: a built-in claim that a collected file already holds (a clone's suites/, a copy) is
     dropped; ``--kvaudit-claims`` picks among the built-in ones."""
-    sel = config.stash[SESSION_KEY].selection
+    sel = config.stash[SESSION_KEY].selection.asked
     seen: set[str] = set()
     keep, drop = [], []
     for item in items:
@@ -124,9 +134,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    gate.add_item(session, items, config.stash[SESSION_KEY])
-    if config.stash[SESSION_KEY].plan_only:  # the plan prices the run; no claim computes anything
-
+    sess = config.stash[SESSION_KEY]
+    if sess.gate is not None and not sess.settings.plan_only:
+        gate.add_item(session, items, sess.gate, sess.get_store)
+    if sess.settings.plan_only:  # the plan prices the run; no claim computes anything
         for item in filter(uses_store, items):
             item.add_marker(pytest.mark.skip(reason=PLAN_SKIP))
 
@@ -184,25 +195,27 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if hasattr(config, "workerinput"):
         return
     sess = config.stash[SESSION_KEY]
-    for note in sess.notes:
+    said = sess.verdicts
+    for note in said.notes:
         terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
-    if sess.plan is not None:
+    if said.plan is not None:
         terminalreporter.write_sep("=", "kvaudit plan (nothing computed beyond the calibration)")
-        for line in plan_lines(sess.plan):
+        for line in plan_lines(said.plan):
             terminalreporter.write_line(line)
-    if sess.gate_line is not None:
-        terminalreporter.write_line(f"kvaudit: FAILED: {sess.gate_line}", red=True)
-    if sess.shard_line is not None:
-        bad = sess.shard_line.startswith("FAILED")
-        terminalreporter.write_line(f"kvaudit: {sess.shard_line}", red=bad, green=not bad)
-    if sess.interrupted:
-        terminalreporter.write_line("kvaudit: interrupted: no claim judged on the whole run, no report written", yellow=True)
+    if said.strict_line is not None:
+        terminalreporter.write_line(f"kvaudit: FAILED: {said.strict_line}", red=True)
+    if said.shard_line is not None:
+        bad = said.shard_line.startswith("FAILED")
+        terminalreporter.write_line(f"kvaudit: {said.shard_line}", red=bad, green=not bad)
+    if said.interrupted:
+        terminalreporter.write_line("kvaudit: interrupted: no claim judged on the whole run, no report written",
+                                    yellow=True)
         return
-    rep = sess.report if sess.report is not None else run_report(sess)
+    rep = said.report if said.report is not None else run_report(sess)
     if rep is None:
-        if sess.error:
+        if sess.run.error:
             terminalreporter.write_sep("=", "kvaudit")
-            terminalreporter.write_line(f"kvaudit could not run: {sess.error}")
+            terminalreporter.write_line(f"kvaudit could not run: {sess.run.error}")
         return
     terminalreporter.write_sep("=", "kvaudit claims")
     for line in lines(rep):
@@ -211,7 +224,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", f"kvaudit: changes from the baseline {rep['baseline']['path']}")
         for line in compare_lines(rep["baseline"]):
             terminalreporter.write_line(line, red=line.startswith("REGRESSION"), green=line.startswith("improvement"))
-    if (path := report_path(sess.outputs)) is not None:
+    if (path := report_path(sess.settings.outputs)) is not None:
         terminalreporter.write_line(f"report written to {path}")
 
 
@@ -223,31 +236,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     sess = config.stash[SESSION_KEY]
     if sess.controller is not None:  # the workers' selection: the plan and the estimate are for its work
         sess.adopt(sess.controller.selection)
-    if sess.plan_only:
+    if sess.settings.plan_only:
         _plan_only(session, sess)
         return
-    if sess.topology.shard is not None and not config.option.collectonly:
+    said, run = sess.verdicts, sess.run
+    if run.topology.shard is not None and not config.option.collectonly:
         # a shard run succeeds only when its partial is written: the skipped claims alone would exit 0
         ctl = sess.controller
-        sess.shard_line = sess.lifecycle.finish_shard(ctl.dir if ctl else None, ctl.workers if ctl else 0, sess.error)
-        if sess.shard_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
+        said.shard_line = run.finish_shard(ctl.dir if ctl else None, ctl.workers if ctl else 0, run.error)
+        if said.shard_line.startswith("FAILED") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
-        sess.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
+        said.interrupted = True  # the claims judged so far are not the run's verdict: no report claims they are
         return
     thresholds.gate_unread(session, sess)
-    rep = sess.report = run_report(sess)
+    rep = said.report = run_report(sess)
     if rep is None:
         return
-    sections = {n: d.get("html") for n, d in sess.display.items() if "html" in d}
+    outputs = sess.settings.outputs
+    sections = {n: d.get("html") for n, d in said.display.items() if "html" in d}
     for writer in WRITERS:
-        if writer.flag in sess.outputs:
-            writer.write(rep, sess.outputs[writer.flag], sections)
+        if writer.flag in outputs:
+            writer.write(rep, outputs[writer.flag], sections)
     if config.getoption("update_snapshots", False) and any(c.figures.get("recorded") is True
-                                                            for c in sess.claims.values()):
+                                                            for c in said.claims.values()):
         # the run's verdicts beside the ledger it recorded: what --kvaudit-baseline compares the next checkpoint
         # with (a refused recording leaves both as they were)
-        path = Path(sess.config.snapshots or config.rootpath / "snapshots") / slug(sess.config.model) / "report.json"
+        cfg = sess.config
+        path = snapshot_folder(cfg.snapshots or config.rootpath / "snapshots", cfg.model) / "report.json"
         atomic_write_text(path, dumps({k: v for k, v in rep.items() if k != "baseline"}))
 
 
@@ -257,6 +273,6 @@ def _plan_only(session: pytest.Session, sess: KvauditSession) -> None:
     if not any(PLAN_SKIP in str(getattr(r, "longrepr", "")) for r in stats.get("skipped", [])):
         return
     sess.plan_run(int(getattr(session.config.option, "numprocesses", 0) or 1))
-    if sess.error is not None:
+    if sess.run.error is not None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -15,7 +15,7 @@ from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.pipeline import computes
 from pytest_kvaudit.core.planning.calibrate import SAMPLE
 from pytest_kvaudit.core.planning.estimate import remember
-from pytest_kvaudit.core.planning.plan import make_plan
+from pytest_kvaudit.core.planning.plan import ClaimAsks, make_plan
 from pytest_kvaudit.report.document import write
 
 
@@ -27,22 +27,23 @@ def check_covered(claims: Sequence[Any], cfg: AuditConfig) -> None:
             continue  # a claim that does not apply to this run (no prefix cache here) reads nothing and is skipped
         lacking = [n for n in (c.needs or ("everything",)) if cfg.work is not None and not computes(cfg.work, n)]
         if lacking:
-            raise KvauditError(f"claim {getattr(c, 'name', 'of a test reading the store')} needs {', '.join(lacking)}, which the "
-                               f"run it judges did not compute (it computed {', '.join(cfg.work or ())}): give "
-                               "the shards the same --kvaudit-claims, -k and test paths as the merge")
+            raise KvauditError(f"claim {getattr(c, 'name', 'of a test reading the store')} needs {', '.join(lacking)}, "
+                               f"which the run it judges did not compute (it computed {', '.join(cfg.work or ())}): "
+                               "give the shards the same --kvaudit-claims, -k and test paths as the merge")
 
 
 def claims_plan(selected: Sequence[Any], undeclared: Sequence[str], thresholds: dict[str, dict[str, float]], store: Any,
                 workers: int, sample: int = 0) -> dict[str, Any]:
-    """The run's plan over the whole item set (:mod:`pytest_kvaudit.core.planning.plan`), for the claims this run selects: what
-    each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
+    """The run's plan over the whole item set (:mod:`pytest_kvaudit.core.planning.plan`), for the claims this run
+    selects: what each needs to decide, whether it can run here, what n a strict gate needs of it, and the lengths of a
     run a claim recorded (a ledger), if any. A test that reads the store without a claim gets a row too."""
     claims = [c for c in selected if hasattr(c, "name")]
     th = {c.name: c.resolve(store.cfg, thresholds.get(c.name, {})) for c in claims}
     least = {c.name: least_units(c, thresholds.get(c.name, {}), store.cfg) for c in claims}
     ledger = next((p for c in registered() if (p := c.recorded_run(store.cfg)) is not None), None)
-    plan = make_plan(store, least, ledger, workers, sample, {c.name: c.applicable(store.cfg) for c in claims},
+    asks = ClaimAsks(least, {c.name: c.applicable(store.cfg) for c in claims},
                      {c.name: partial(c.strict_needs, th[c.name]) for c in claims})
+    plan = make_plan(store, asks, ledger, workers, sample)
     for c in claims:
         plan["claims"][c.name]["reads"] = "everything" if c.needs is None else list(c.needs)
     for name in undeclared:

@@ -22,7 +22,8 @@ def claims_of(readers: Sequence[Any], known: Collection[str]) -> tuple[set[str],
     return set(marked.values()), [i.name for i in readers if i.nodeid not in marked]
 
 
-def selected_claims(selection: tuple[str, ...] | None, collected: set[str] | None, undeclared: Sequence[str]) -> list[Any]:
+def selected_claims(selection: tuple[str, ...] | None, collected: set[str] | None,
+                    undeclared: Sequence[str]) -> list[Any]:
     """The registered claims a run judges: those its tests collected (after ``-k``), else those
     ``--kvaudit-claims`` names (None, ``all`` or nothing: every one); and a claim that declares nothing for each
     test that reads the store without one (it gets everything)."""

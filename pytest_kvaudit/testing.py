@@ -53,7 +53,8 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "phi3": ARCHITECTURES["phi3"],
     "deepseek_v3": ("DeepseekV3Config", {  # multi-head latent attention (MLA: one K/V head per query head)
-        "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+        "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
         "n_routed_experts": 4, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
         **_MOE}),
     "bloom": ("BloomConfig", {}),  # ALiBi
@@ -90,7 +91,8 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: the zoo's seed where seed 0 draws a model that emits EOS before the boundary on some items (a run with
 #: no eligible item is honestly inconclusive everywhere, and so tests nothing); seed 1 reaches it on all
-ZOO_SEEDS: dict[str, int] = {"deepseek_v3": 1, "qwen3_next": 1, "qwen3": 1, "gpt_neox": 1, "gemma3_text": 1, "gpt_oss": 1}
+ZOO_SEEDS: dict[str, int] = {"deepseek_v3": 1, "qwen3_next": 1, "qwen3": 1, "gpt_neox": 1, "gemma3_text": 1,
+                             "gpt_oss": 1}
 
 #: a zoo run's size: a few items, short suffixes, so that every family's six verdicts cost seconds (the
 #: thresholds such a run can meet are in tests/core/runtime/zoo.ini)

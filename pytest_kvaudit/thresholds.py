@@ -48,7 +48,8 @@ def check_thresholds(thresholds: Mapping[str, Mapping[str, float]], audit: Audit
         bad = [k for k in keys if k not in have]
         if bad:
             raise pytest.UsageError(
-                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are {', '.join(sorted(have))}"
+                f"{THRESHOLDS_INI}: claim {name} has no threshold {bad[0]!r}; its thresholds are "
+                f"{', '.join(sorted(have))}"
             )
     return unknown
 
@@ -62,7 +63,8 @@ def unknown_claims_message(unknown: list[str], claims: Iterable[Any]) -> str:
 def unread_thresholds(thresholds: Mapping[str, Mapping[str, float]], judged: Iterable[str]) -> list[str]:
     """The threshold lines (as ``claim.key=value``) of claims this run never judged: no claim read them."""
     seen = set(judged)
-    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen for key, val in keys.items()]
+    return [f"{name}.{key}={val:g}" for name, keys in thresholds.items() if name not in seen
+            for key, val in keys.items()]
 
 
 def unread_thresholds_message(lines: list[str], judged: Iterable[str], claims: Iterable[Any]) -> str:
@@ -83,31 +85,33 @@ def at_collection(sess: KvauditSession) -> None:
     unused, so it is named in the summary rather than refused. On an xdist worker, which cannot stop
     the run with a usage error, it fails every claim test with the same one line.
     """
-    if not sess.thresholds:
+    lines = sess.settings.thresholds
+    if not lines:
         return
 
     try:
-        unknown = check_thresholds(sess.thresholds, sess.config, registered())
+        unknown = check_thresholds(lines, sess.config, registered())
         if not unknown:
             return
         msg = unknown_claims_message(unknown, registered())
         if sess.pytest_config.args_source == pytest.Config.ArgsSource.ARGS:
-            sess.notes.append(f"{msg}; the line was not used")
+            sess.verdicts.notes.append(f"{msg}; the line was not used")
             return
         raise pytest.UsageError(msg)
     except pytest.UsageError as exc:
         if not hasattr(sess.pytest_config, "workerinput"):
             raise
-        sess.error = str(exc)
+        sess.run.error = str(exc)
 
 
 def gate_unread(session: pytest.Session, sess: KvauditSession) -> None:
     """--kvaudit-strict: a threshold line that no judged claim read fails the run (a typo would gate nothing).
     Only in a run that judged claims: a shard's claims skip by design (its merge is the gate)."""
-    if not sess.strict or not sess.claims or sess.topology.shard is not None:
+    said = sess.verdicts
+    if not sess.settings.strict or not said.claims or sess.run.topology.shard is not None:
         return
-    unread = unread_thresholds(sess.thresholds, sess.claims)
+    unread = unread_thresholds(sess.settings.thresholds, said.claims)
     if unread:
-        sess.gate_line = unread_thresholds_message(unread, sess.claims, registered())
+        said.strict_line = unread_thresholds_message(unread, said.claims, registered())
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -5,59 +5,62 @@ extra code; the controller collects them here."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pytest_kvaudit.claims.base import ClaimResult
-from pytest_kvaudit.session_report import run_info
-
-if TYPE_CHECKING:
-    from pytest_kvaudit.claims.base import Claim, ClaimResult
-    from pytest_kvaudit.core.compute.store import Store
-    from pytest_kvaudit.core.model.config import AuditConfig
-
-
-class VerdictBook(Protocol):
-    """Where a run keeps its verdicts (the session is one): what this module reads and writes of it."""
-
-    config: AuditConfig
-    store: Store | None
-    claims: dict[str, ClaimResult]
-    display: dict[str, dict[str, Any]]
-    run_info: dict[str, Any]
-    gate_result: dict[str, Any] | None
-
-    def selected(self) -> list[Claim]: ...
 
 CLAIM_PROP, DISPLAY_PROP, RUN_PROP = "kvaudit_claim", "kvaudit_display", "kvaudit_run"
 GATE_PROP = "kvaudit_gate"
 
 
-def record(sess: VerdictBook, result: ClaimResult, display: dict[str, Any], node: pytest.Item) -> None:
-    """Keep a verdict and ship it in the test report, which xdist carries to the controller."""
-    sess.claims[result.name] = result
-    sess.display[result.name] = display
+@dataclass
+class Verdicts:
+    """What the run said: its claims' verdicts (from every worker), how each shows, the store's run information
+    they ride with, and the lines and report the run ends with."""
+
+    claims: dict[str, ClaimResult] = field(default_factory=dict)
+    #: per claim: order, title, key figure and watched rates (and its HTML section when one is asked for)
+    display: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run_info: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # one-line warnings for the terminal summary
+    plan: dict[str, Any] | None = None  # the plan printed by --kvaudit-plan
+    report: dict[str, Any] | None = None  # the run's report, once built at the session's end
+    shard_line: str | None = None  # a runner's shard's outcome, for the terminal summary
+    strict_line: str | None = None  # why --kvaudit-strict failed a run whose claims passed (unread thresholds)
+    interrupted: bool = False  # the run was interrupted: nothing reports its claims as the run's verdict
+
+
+def record(book: Verdicts, result: ClaimResult, display: dict[str, Any], node: pytest.Item,
+           info: Callable[[], dict[str, Any]]) -> None:
+    """Keep a verdict and ship it in the test report, which xdist carries to the controller, with the store's run
+    information (``info``: empty where this process holds no store)."""
+    book.claims[result.name] = result
+    book.display[result.name] = display
     node.user_properties.append((CLAIM_PROP, json.dumps(result.to_dict(), default=list)))
     node.user_properties.append((DISPLAY_PROP, json.dumps({"name": result.name, **display})))
-    if sess.store is not None and not sess.run_info:
-        sess.run_info = run_info(sess.store, sess.config, sess.selected())
-    if sess.run_info:
-        node.user_properties.append((RUN_PROP, json.dumps(sess.run_info, default=list)))
+    if not book.run_info:
+        book.run_info = info()
+    if book.run_info:
+        node.user_properties.append((RUN_PROP, json.dumps(book.run_info, default=list)))
 
 
-def collect(sess: VerdictBook, report: pytest.TestReport) -> None:
-    """Collect claim results from test reports: the controller sees the workers' claims under xdist."""
+def collect(book: Verdicts, report: pytest.TestReport) -> dict[str, Any] | None:
+    """Collect claim results from test reports: the controller sees the workers' claims under xdist. Returns what
+    the ``kvaudit::baseline`` test found (its ledger comparison), when ``report`` is its call's."""
     props = dict(report.user_properties)
-    if GATE_PROP in props and report.when == "call":  # the kvaudit::baseline test's ledger comparison
-        sess.gate_result = json.loads(str(props[GATE_PROP]))
+    found = json.loads(str(props[GATE_PROP])) if GATE_PROP in props and report.when == "call" else None
     if CLAIM_PROP not in props or report.when == "teardown":
-        return
+        return found
 
     result = ClaimResult.from_dict(json.loads(str(props[CLAIM_PROP])))
-    sess.claims[result.name] = result
+    book.claims[result.name] = result
     if DISPLAY_PROP in props:
         d = json.loads(str(props[DISPLAY_PROP]))
-        sess.display[d.pop("name")] = d
-    if RUN_PROP in props and not sess.run_info:
-        sess.run_info = json.loads(str(props[RUN_PROP]))
+        book.display[d.pop("name")] = d
+    if RUN_PROP in props and not book.run_info:
+        book.run_info = json.loads(str(props[RUN_PROP]))
+    return found

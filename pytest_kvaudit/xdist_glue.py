@@ -1,8 +1,8 @@
 """pytest-xdist glue: the workers shard out the items, every claim is judged on the whole.
 
 Every worker computes a part of the items (taken one at a time from a queue in a folder the controller
-handed out through ``workerinput``, :mod:`pytest_kvaudit.workers.queue`, so that a worker with costly divergent items does
-not hold the other up) and writes it, atomically, to that folder. A claim test, on whichever worker it
+handed out through ``workerinput``, :mod:`pytest_kvaudit.workers.queue`, so that a worker with costly divergent items
+does not hold the other up) and writes it, atomically, to that folder. A claim test, on whichever worker it
 lands, waits for every part and judges the merged records, so a claim over 200 items is one verdict
 whatever ``-n``. A worker that dies leaves a ``.dead`` marker (written by the controller in
 ``pytest_testnodedown``): the items it computed are reported missing and no claim that needed them can
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.progress import WorkerProgress, printer
-from pytest_kvaudit.session import SELECTION_KEY
+from pytest_kvaudit.settings import SELECTION_KEY
 from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"

@@ -116,7 +116,8 @@ def claim_markdown(name: str) -> str:
 
 def readme_markdown() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8").split("\n## Documentation", 1)[0]
-    return re.sub(r"\]\(docs/([^)]*)\)", lambda m: f"]({m.group(1) + 'index.md' if m.group(1).endswith('/') else m.group(1)})",
+    return re.sub(r"\]\(docs/([^)]*)\)",
+                  lambda m: f"]({m.group(1) + 'index.md' if m.group(1).endswith('/') else m.group(1)})",
                   text) + "\n"
 
 

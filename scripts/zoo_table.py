@@ -37,7 +37,8 @@ def run_family(family: str, work: Path) -> dict[str, Any]:
     kinds = layer_kinds(transformers.AutoConfig.from_pretrained(str(ck)))
     run_dir = work / "run"
     run_dir.mkdir()
-    (run_dir / "pytest.ini").write_text((Path(__file__).resolve().parents[1] / "tests" / "core" / "runtime" / "zoo.ini").read_text())
+    zoo_ini = Path(__file__).resolve().parents[1] / "tests" / "core" / "runtime" / "zoo.ini"
+    (run_dir / "pytest.ini").write_text(zoo_ini.read_text())
     report = run_dir / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     t0 = time.perf_counter()

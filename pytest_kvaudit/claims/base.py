@@ -115,11 +115,11 @@ class Claim:
     evidence: ClassVar[str] = ""
     #: names of keyword inputs the claim's test passes to ``kvaudit_judge.claim`` (e.g. ``snapshot``)
     inputs: ClassVar[tuple[str, ...]] = ()
-    #: what the engine must compute for this claim: groups of the cell's steps (:data:`pytest_kvaudit.core.model.pipeline.GROUPS`:
-    #: trajectory, replicas, constructions, fixed, transplants, controls) or one construction by name
-    #: (``prefill``, ``incremental``, ``chunked(4)``), priced on :meth:`units`; also an analysis it reads
-    #: (``layer_sweep``, ``batch_invariance``: never priced) or ``per_layer`` (per-layer K/V, which a backend
-    #: may lack). A run
+    #: what the engine must compute for this claim: groups of the cell's steps
+    #: (:data:`pytest_kvaudit.core.model.pipeline.GROUPS`: trajectory, replicas, constructions, fixed, transplants,
+    #: controls) or one construction by name (``prefill``, ``incremental``, ``chunked(4)``), priced on :meth:`units`;
+    #: also an analysis it reads (``layer_sweep``, ``batch_invariance``: never priced) or ``per_layer`` (per-layer K/V,
+    #: which a backend may lack). A run
     #: that selects claims computes what their needs name and nothing else (the trajectory and the prefill
     #: always); the union of the selected claims' needs is the least work, the denominator of the run's
     #: overhead figure. None (the default): the claim did not say, so it gets everything.
@@ -140,8 +140,9 @@ class Claim:
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """Items (``--kvaudit-n``) the claim needs to decide beyond its least-evidence counts, at the rates a
-        plan expects per item (``divergent_rate_max``...): none by default (:func:`pytest_kvaudit.core.planning.plan.strict_n`
-        turns the counts of :meth:`least_evidence` into items itself)."""
+        plan expects per item (``divergent_rate_max``...): none by default
+        (:func:`pytest_kvaudit.core.planning.plan.strict_n` turns the counts of :meth:`least_evidence` into items
+        itself)."""
         return {}
 
     def recorded_run(self, config: AuditConfig) -> Path | None:
@@ -269,5 +270,6 @@ def exact_result(name: str, units: Mapping[str, bool], min_units: int = 1, reaso
     bad = [u for u, ok in units.items() if not ok]
     n, k = len(units), len(units) - len(bad)
     status = FAIL if bad else INCONCLUSIVE if n < min_units else PASS
-    why = f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units else f"holds on {k}/{n}"
+    why = (f"fails on {', '.join(bad[:8])}" if bad else f"{n} units, needs {min_units}" if n < min_units
+           else f"holds on {k}/{n}")
     return ClaimResult(name, status, n, k, wilson_interval(k, n) if n else NO_INTERVAL, reason or why, {}, bad)

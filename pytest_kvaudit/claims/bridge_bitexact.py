@@ -52,13 +52,15 @@ class BridgeBitexact(Claim):
                 details.append(detail(r, "live", a, "incremental", b, differs=where))
         n, k = len(rows), len(rows) - len(bad)
         if bad:
-            return self.result(FAIL, n, k, f"incremental differs from live on {names(bad)}", {"mismatches": len(bad)}, bad,
+            return self.result(FAIL, n, k, f"incremental differs from live on {names(bad)}", {"mismatches": len(bad)},
+                               bad,
                                details=details)
         if n < ev.thresholds["min_units"]:
             return self.result(INCONCLUSIVE, n, k, f"{n} units, needs {int(ev.thresholds['min_units'])}"
                                                    f"{ineligible_note(ev.records, ev.config)}{exact_note(ev.config)}")
         what = "the engine's whole state, byte for byte" if whole else "every layer's K and V"
-        return self.result(PASS, n, k, f"incremental = live bit-exact on {k}/{n} ({what}, suffix){exact_note(ev.config)}")
+        return self.result(PASS, n, k,
+                           f"incremental = live bit-exact on {k}/{n} ({what}, suffix){exact_note(ev.config)}")
 
     def html(self, result: Mapping[str, Any], run: Mapping[str, Any]) -> str | None:
         return section(self.name, self.title, table(["verdict", "k/n", "reason"], [

@@ -162,7 +162,8 @@ class DonorFollowing(Claim):
             return "-" if x is None else f"{x:.3f}"
 
         rows = [[d, f"{df[d][0]}/{df[d][1]}", lower(df.get(d + "_wilson_lower"))] for d in DIRECTIONS]
-        rows += [[f"control: {c.replace('_', ' ')}", f"{df[c][0]}/{df[c][1]} flipped", "-"] for c in CONTROLS if c in df]
+        rows += [[f"control: {c.replace('_', ' ')}", f"{df[c][0]}/{df[c][1]} flipped", "-"] for c in CONTROLS
+                 if c in df]
         layers = "; ".join(f"{d}: " + ", ".join(f"layer {k} on {v}" for k, v in ls.items())
                            for d, ls in (df.get("differing_layers") or {}).items()) or "none"
         subsets = ", ".join(df.get("sufficient_subsets") or []) or "none"

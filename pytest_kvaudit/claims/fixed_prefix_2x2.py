@@ -14,7 +14,6 @@ and are reported as ``recurrence_excluded``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +32,7 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
-from pytest_kvaudit.claims.power import units_for_rate
+from pytest_kvaudit.claims.power import items_for, units_for_rate
 from pytest_kvaudit.claims.stats import least_units_for_upper, rate_decision, wilson_interval
 from pytest_kvaudit.core.model.config import LOW_PRECISION
 
@@ -48,7 +47,15 @@ def _rate_reason(status: str, k: int, n: int, lower: float, upper: float, max_ra
         return f"{k}/{n} disagreements, one-sided 97.5% Wilson upper bound {upper:.2%} <= {max_rate:.0%}"
     bound = f"one-sided 97.5% Wilson upper bound {upper:.2%}" if n else "no Wilson bound"
     needs = f"needs {need} units at {k} disagreements" if need else "no number of units clears it"
-    return f"{k}/{n} disagreements, {bound} above {max_rate:.0%} and lower bound {lower:.2%} not above it: {needs}, has {n}"
+    return (f"{k}/{n} disagreements, {bound} above {max_rate:.0%} and lower bound {lower:.2%} not above it: {needs}, "
+            f"has {n}")
+
+
+def _detail(r: Any, fixed: bool, **extra: Any) -> dict[str, Any]:
+    """A counterexample's two cells: the 2x2's own (replay and prefill on the fixed prefix), or the matched run's."""
+    if fixed:
+        return detail(r, "fixed:replay", r.fixed["replay"], "fixed:prefill", r.fixed["prefill"], **extra)
+    return detail(r, "live", r.constructions["live"], "prefill", r.constructions["prefill"], **extra)
 
 
 @register
@@ -99,8 +106,7 @@ class FixedPrefix2x2(Claim):
         """Items for an 80% chance that the Wilson upper bound clears max_rate at the high precision's calibrated
         divergence (the 2x2's cells mirror the matched ones), over the eligibility rate; none at max_rate."""
         need = units_for_rate(rates.get("divergent_rate_high", 0.0), thresholds["max_rate"], thresholds["confidence"])
-        eligible = rates.get("eligible_items_per_precision", 1.0)
-        return {"fp32_upper_clears_max_rate": None if need is None or eligible <= 0 else math.ceil(need / eligible - 1e-9)}
+        return {"fp32_upper_clears_max_rate": items_for(need, rates)}
 
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
@@ -123,7 +129,8 @@ class FixedPrefix2x2(Claim):
             disagreements[d] = len(dis)
             if d in LOW_PRECISION:
                 comp = [r for r in rows if r.recurrence_comparable]
-                matched = {r.item_id for r in comp if r.constructions["live"].suffix != r.constructions["prefill"].suffix}
+                matched = {r.item_id for r in comp
+                           if r.constructions["live"].suffix != r.constructions["prefill"].suffix}
                 fixed_set = {r.item_id for r in comp if r.fixed["replay"].suffix != r.fixed["prefill"].suffix}
                 recur = len(matched & fixed_set)
                 figs.setdefault("recurrence", {})[d] = [recur, len(matched)]
@@ -138,17 +145,15 @@ class FixedPrefix2x2(Claim):
                     bad += [f"{i}@{d}" for i in extra]
                     by_id = {r.item_id: r for r in comp}
                     for i in extra:
-                        r = by_id[i]
-                        a, b = (("fixed:replay", r.fixed["replay"]), ("fixed:prefill", r.fixed["prefill"])) if (
-                            i in fixed_set) else (("live", r.constructions["live"]), ("prefill", r.constructions["prefill"]))
-                        details.append(detail(r, a[0], a[1], b[0], b[1],
-                                              side="2x2 only" if i in fixed_set else "matched only"))
+                        details.append(_detail(by_id[i], i in fixed_set,
+                                               side="2x2 only" if i in fixed_set else "matched only"))
                     reasons.append(f"{d}: the 2x2's divergent set differs from the matched one on {names(extra)} "
-                                   f"({len(fixed_set - matched)} in the 2x2 only, {len(matched - fixed_set)} matched only)")
+                                   f"({len(fixed_set - matched)} in the 2x2 only, "
+                                   f"{len(matched - fixed_set)} matched only)")
                 elif len(matched) < th["min_recurring"]:
                     statuses.append(INCONCLUSIVE)
-                    reasons.append(f"{d}: {len(matched)} matched divergences on the fixed prefix ids ({len(comp)} units), "
-                                   f"needs {int(th['min_recurring'])} to observe recurrence")
+                    reasons.append(f"{d}: {len(matched)} matched divergences on the fixed prefix ids "
+                                   f"({len(comp)} units), needs {int(th['min_recurring'])} to observe recurrence")
                 else:
                     statuses.append(PASS)
                     reasons.append(f"{d}: {recur}/{len(matched)} divergences recur on fresh caches "
@@ -162,7 +167,7 @@ class FixedPrefix2x2(Claim):
                 need = least_units_for_upper(th["max_rate"], k, th["confidence"])
                 figs.setdefault("units_needed", {})[d] = need
                 bad += [f"{r.item_id}@{d}" for r in dis]
-                details += [detail(r, "fixed:replay", r.fixed["replay"], "fixed:prefill", r.fixed["prefill"]) for r in dis]
+                details += [_detail(r, True) for r in dis]
                 statuses.append(status)
                 reasons.append(f"{d}: {_rate_reason(status, k, n, lower, hi, th['max_rate'], need, dis)}")
         if not low or not high:
@@ -200,5 +205,5 @@ class FixedPrefix2x2(Claim):
                  fx.get("recurrence_units", {}).get(d, "-"), fx.get("recurrence_excluded", {}).get(d, "-")]
                 for d in fx["disagreements"]]
         return section("2x2", f"{self.title} (prefix ids from {fx.get('prefix_from')})", table(
-            ["precision", "replay vs prefill disagreements", "Wilson upper bound (one-sided 97.5%)", "recurrence of matched set",
-             "units on the same prefix ids", "units on another prefix"], rows, "2x2"))
+            ["precision", "replay vs prefill disagreements", "Wilson upper bound (one-sided 97.5%)",
+             "recurrence of matched set", "units on the same prefix ids", "units on another prefix"], rows, "2x2"))

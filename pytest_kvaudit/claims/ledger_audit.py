@@ -23,9 +23,8 @@ from pytest_kvaudit.core.model.config import EMBEDDED_NAME, EMBEDDED_SNAPSHOTS, 
 def default_path(snapshots: str | None, model: str) -> Path:
     """Where this claim's suite keeps ``model``'s ledger (``--kvaudit-snapshots`` or
     ``snapshots/``); the embedded checkpoint's falls back to the ledger kvaudit ships."""
-    name = L.slug(model)
-    path = Path(snapshots or "snapshots") / name / "test_ledger_audit" / "test_ledger_audit.json"
-    if not path.is_file() and name == EMBEDDED_NAME:
+    path = L.snapshot_folder(snapshots, model) / "test_ledger_audit" / "test_ledger_audit.json"
+    if not path.is_file() and L.slug(model) == EMBEDDED_NAME:
         return EMBEDDED_SNAPSHOTS / "test_ledger_audit" / "test_ledger_audit.json"
     return path
 
@@ -54,8 +53,7 @@ class LedgerAudit(Claim):
         if snapshot is None:
             raise KvauditError("ledger_audit needs syrupy's snapshot fixture: kvaudit_judge.claim(snapshot=snapshot)")
         tokens_only = cfg.ledger_tokens_only
-        root = Path(cfg.snapshots) if cfg.snapshots else Path("snapshots")
-        ext = extension_for(root, L.slug(cfg.model), tokens_only)
+        ext = extension_for(L.snapshot_folder(cfg.snapshots, cfg.model), tokens_only)
         snap = snapshot.use_extension(ext)
         path = ext.ledger_path(snap.test_location)
         L.sweep_temporary(path)  # a write that a kill interrupted leaves nothing behind for long
@@ -94,7 +92,8 @@ class LedgerAudit(Claim):
         a = L.audit(recorded, current, tokens_only)
         if diffs:
             moved = [f"{u} ({', '.join(f[:2])})" for u, f in a.mismatches.items()]
-            units = (f"; {len(moved)}/{a.units} units differ: {'; '.join(moved[:4])}{' and more' if len(moved) > 4 else ''}"
+            units = (f"; {len(moved)}/{a.units} units differ: "
+                     f"{'; '.join(moved[:4])}{' and more' if len(moved) > 4 else ''}"
                      if moved else "")
             figs: dict[str, Any] = {"identity_differences": diffs, "ledger": str(path)}
             if any(d.startswith(("model.", "config.")) for d in diffs):
@@ -107,11 +106,14 @@ class LedgerAudit(Claim):
             # environments, the token ids of every trajectory and suffix, is counted beside it.
             figs["token_level"] = tl = L.token_level(recorded, current)
             tokens = "; ".join(f"{d}: {c['trajectories_reproduced']}/{c['units']} trajectories and "
-                               f"{c['suffixes_reproduced']}/{c['suffixes']} suffixes token for token" for d, c in tl.items())
-            return self.result(INCONCLUSIVE, a.units, a.reproduced, f"ledger {path} was recorded in another environment "
+                               f"{c['suffixes_reproduced']}/{c['suffixes']} suffixes token for token"
+                               for d, c in tl.items())
+            return self.result(INCONCLUSIVE, a.units, a.reproduced,
+                               f"ledger {path} was recorded in another environment "
                                f"({'; '.join(diffs)}), so its bits cannot be audited here: re-record it here with "
                                f"--snapshot-update, or audit the token-level fields with --kvaudit-ledger-tokens-only"
-                               f"{units}; token level, comparable across environments: {tokens or 'no unit in common'}", figs)
+                               f"{units}; token level, comparable across environments: {tokens or 'no unit in common'}",
+                               figs)
         figs = {"reproduced": a.reproduced, "units": a.units, "not_recorded": len(a.not_recorded), "not_run": a.not_run,
                 "tokens_only": tokens_only, "ledger": str(path)}
         if a.mismatches:
@@ -145,9 +147,9 @@ class LedgerAudit(Claim):
             if dropped:
                 keep()
                 return self.result(FAIL, 0, 0, f"ledger not recorded: {path} holds {len(recorded['units'])} units and "
-                                   f"this run {len(current['units'])} ({len(dropped)} recorded units would be lost, e.g. "
-                                   f"{', '.join(dropped[:3])}): --snapshot-update replaces a ledger only from a run over "
-                                   "all its units (the same --kvaudit-n or more), or delete it first")
+                                   f"this run {len(current['units'])} ({len(dropped)} recorded units would be lost, "
+                                   f"e.g. {', '.join(dropped[:3])}): --snapshot-update replaces a ledger only from a "
+                                   "run over all its units (the same --kvaudit-n or more), or delete it first")
         assert snap == current  # syrupy writes it (atomically, see snapshot.py) when it differs
         return self.result(INCONCLUSIVE, 0, 0, f"ledger of {len(current['units'])} units recorded to {path}; "
                                                "a plain run audits against it",

@@ -20,17 +20,16 @@ from pytest_kvaudit.core.cost import ledger
 class LedgerExtension(JSONSnapshotExtension):
     """Subclassed per run by :func:`extension_for` with the run's folder and comparison mode."""
 
-    root: Path = Path("snapshots")
-    model_slug: str = "model"
+    folder: Path = Path("snapshots", "model")  # the model's folder (:func:`.ledger.snapshot_folder`)
     tokens_only: bool = False
 
     @classmethod
     def dirname(cls, *, test_location: Any) -> str:
-        return str(cls.root / cls.model_slug / Path(test_location.filepath).stem)
+        return str(cls.folder / Path(test_location.filepath).stem)
 
     @classmethod
     def discovery_dirname(cls, *, test_location: Any) -> str:
-        return str(cls.root / cls.model_slug)
+        return str(cls.folder)
 
     def serialize(self, data: Any, **kwargs: Any) -> str:
         return ledger.dumps(data)
@@ -49,5 +48,5 @@ class LedgerExtension(JSONSnapshotExtension):
         return Path(cls.dirname(test_location=test_location)) / f"{name}.{cls.file_extension}"
 
 
-def extension_for(root: Path, model_slug: str, tokens_only: bool) -> type[LedgerExtension]:
-    return type("KvauditLedger", (LedgerExtension,), {"root": root, "model_slug": model_slug, "tokens_only": tokens_only})
+def extension_for(folder: Path, tokens_only: bool) -> type[LedgerExtension]:
+    return type("KvauditLedger", (LedgerExtension,), {"folder": folder, "tokens_only": tokens_only})

@@ -82,7 +82,8 @@ class LossyCacheBudget(Claim):
         n_all = k_all = 0
         for kind in kinds:
             for dtype in ev.dtypes:
-                probes = [(r, r.probes.cache[kind]) for r in ev.eligible() if r.dtype == dtype and kind in r.probes.cache]
+                probes = [(r, r.probes.cache[kind]) for r in ev.eligible() if r.dtype == dtype
+                          and kind in r.probes.cache]
                 part = (self._lossy if is_lossy(kind) else self._offloaded)(kind, dtype, probes, budget, bad)
                 figures["kinds"].setdefault(kind, {})[dtype] = part
                 why.append(f"{kind} {dtype}: {part['reason']}")

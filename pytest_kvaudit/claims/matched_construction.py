@@ -31,7 +31,7 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
 from pytest_kvaudit.claims.notes import ineligible_note
-from pytest_kvaudit.claims.power import matched_chances, units_for_equivalence
+from pytest_kvaudit.claims.power import items_for, matched_chances, units_for_equivalence
 from pytest_kvaudit.claims.stats import mcnemar_counts, paired_bootstrap_ci, tango_interval, wilson_interval
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[s
     f: dict[str, Any] = {
         **decision_figures(n, b, c, sum(live), sum(pre), th),
         "divergent_suffixes": len(div), "accuracy_diff_ci_bootstrap": [boot[0], boot[1]],
-        "labels_extracted": [sum(r.constructions["live"].answer is not None and r.constructions["prefill"].answer is not None
+        "labels_extracted": [sum(r.constructions["live"].answer is not None
+                                 and r.constructions["prefill"].answer is not None
                                  for r in rows), n],
         # the extracted answer itself: a model that is wrong on both sides changes no label, yet a divergent
         # suffix may still change what it answers (a label is correctness, not the answer)
@@ -153,9 +154,9 @@ class MatchedConstruction(Claim):
         """To pass under --kvaudit-strict every precision's Tango interval must lie within ±margin: the items
         for an 80% chance of that when accuracy does not move, at the highest divergent-suffix rate of a
         precision (an upper bound on the label discordance), over the eligibility rate."""
-        need = units_for_equivalence(rates.get("divergent_rate_max", 1.0), thresholds["margin"], thresholds["confidence"])
-        eligible = rates.get("eligible_items_per_precision", 1.0)
-        return {"accuracy_ci_within_margin": None if need is None or eligible <= 0 else math.ceil(need / eligible - 1e-9)}
+        need = units_for_equivalence(rates.get("divergent_rate_max", 1.0), thresholds["margin"],
+                                     thresholds["confidence"])
+        return {"accuracy_ci_within_margin": items_for(need, rates)}
 
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
@@ -187,7 +188,8 @@ class MatchedConstruction(Claim):
             status, why = decide(f, th)
             statuses.append(status)
             reasons.append(f"{d}: {why}")
-        return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records, ev.config), figs,
+        return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records, ev.config),
+                           figs,
                            divergent_items, interval=primary_ci, details=details)
 
     def key_figure(self, result: ClaimResult) -> str:
@@ -196,7 +198,8 @@ class MatchedConstruction(Claim):
             return result.reason
         return "; ".join(
             f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
-            + ("Δacc -" if f["accuracy_diff"][d] is None else f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}")
+            + ("Δacc -" if f["accuracy_diff"][d] is None
+               else f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}")
             for d in f["divergent_suffixes"]
         )
 

@@ -52,8 +52,9 @@ def everything(claims: Sequence[Claim], every_builtin: Iterable[Claim]) -> bool:
 def work(claims: Sequence[Claim], config: AuditConfig, every_builtin: Iterable[Claim],
          analyses: Sequence[str] = ()) -> tuple[str, ...] | None:
     """What a run of ``claims`` computes (``AuditConfig.work``; None: everything): their needs, the analyses
-    they quote and those asked for (``--kvaudit-analyses``), closed over what each step reads. A need that names nothing this run computes is an error
-    naming the claim (a construction the run was not asked for, such as ``chunked(8)`` without
+    they quote and those asked for (``--kvaudit-analyses``), closed over what each step reads. A need that names nothing
+    this run computes is an error naming the claim (a construction the run was not asked for, such as ``chunked(8)``
+    without
     ``--kvaudit-chunks=8``)."""
     if everything(claims, every_builtin):
         return None
@@ -63,9 +64,9 @@ def work(claims: Sequence[Claim], config: AuditConfig, every_builtin: Iterable[C
     for c in claims:
         bad = unknown_needs([*(c.needs or ()), *c.analyses], config)
         if bad:
-            raise KvauditError(f"claim {c.name} needs {', '.join(map(repr, bad))}, which this run does not compute: name "
-                               f"groups ({', '.join(GROUPS)}), analyses ({', '.join(CAPABILITIES)}) or constructions of "
-                               "the run (prefill, incremental, chunked(C) with --kvaudit-chunks=C)")
+            raise KvauditError(f"claim {c.name} needs {', '.join(map(repr, bad))}, which this run does not compute: "
+                               f"name groups ({', '.join(GROUPS)}), analyses ({', '.join(CAPABILITIES)}) or "
+                               "constructions of the run (prefill, incremental, chunked(C) with --kvaudit-chunks=C)")
     return work_of([*(n for c in claims for n in (*(c.needs or ()), *c.analyses)), *analyses])
 
 

@@ -11,6 +11,8 @@ the discordant count ``m ~ Binomial(n, D)`` and ``b | m ~ Binomial(m, (1 + delta
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_kvaudit.claims.stats import _scipy, mcnemar_p_array, rate_decision_array, tango_array
@@ -83,7 +85,8 @@ def matched_chances(n: int, discordance: float, delta: float, margin: float,
     ms, pm = ms[pm > TAIL], pm[pm > TAIL]
     share = min(1.0, max(0.0, (1 + delta / discordance) / 2))
     band = pass_band(ms, n, margin, confidence)
-    inside = np.where(band >= ms - band, stats.binom.cdf(band, ms, share) - stats.binom.cdf(ms - band - 1, ms, share), 0.0)
+    inside = np.where(band >= ms - band,
+                      stats.binom.cdf(band, ms, share) - stats.binom.cdf(ms - band - 1, ms, share), 0.0)
     # McNemar rejects the tails: b >= r or b <= m - r, with r its least rejected b at or above m/2
     r = fail_edge(ms, 1 - confidence)
     fails = np.where(r <= ms, stats.binom.sf(r - 1, ms, share) + stats.binom.cdf(ms - r, ms, share), 0.0)
@@ -105,6 +108,13 @@ def rate_chances(n: int, rate: float, threshold: float, confidence: float = 0.95
     pm = stats.binom.pmf(ks, n, rate)
     passes, fails = rate_decision_array(ks, n, threshold, confidence)
     return float((pm * passes).sum()), float((pm * fails).sum())
+
+
+def items_for(units: int | None, rates: Mapping[str, float]) -> int | None:
+    """The items that give ``units`` units at the calibrated eligibility rate (eligible units per item); None where
+    no number of items does."""
+    eligible = rates.get("eligible_items_per_precision", 1.0)
+    return None if units is None or eligible <= 0 else math.ceil(units / eligible - 1e-9)
 
 
 def units_for_equivalence(discordance: float, margin: float, confidence: float = 0.95,

@@ -54,11 +54,13 @@ class ReplicaExactness(Claim):
                     details.append(d)
         k = units - len(bad)
         if bad:
-            reason = f"{len(bad)} replica(s) differ, the first {bad[0].split(' (')[0]} {_first(details[0])}: {names(bad)}"
+            reason = (f"{len(bad)} replica(s) differ, the first {bad[0].split(' (')[0]} {_first(details[0])}: "
+                      f"{names(bad)}")
             return self.result(FAIL, units, k, reason, {"mismatches": len(bad)}, bad, details=details)
         if units < ev.thresholds["min_units"]:
-            return self.result(INCONCLUSIVE, units, k, f"{units} replica units, needs {int(ev.thresholds['min_units'])}"
-                                                       f"{ineligible_note(ev.records, ev.config)}{exact_note(ev.config)}")
+            return self.result(INCONCLUSIVE, units, k,
+                               f"{units} replica units, needs {int(ev.thresholds['min_units'])}"
+                               f"{ineligible_note(ev.records, ev.config)}{exact_note(ev.config)}")
         return self.result(PASS, units, k, f"all {units} replicas bit-identical{exact_note(ev.config)}")
 
 

@@ -49,14 +49,20 @@ def z_two_sided(confidence: float) -> float:
     return float(stats.norm.ppf(1 - (1 - confidence) / 2))
 
 
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a proportion; (0, 1) when there is nothing to judge."""
+def _binomial_interval(k: int, n: int, confidence: float, method: str) -> tuple[float, float]:
+    """scipy's interval for k of n by ``method``; (0, 1) when there is nothing to judge."""
     _check(k, n)
     if n == 0:
         return (0.0, 1.0)
     _, stats = _scipy()
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return (max(0.0, float(ci.low)), min(1.0, float(ci.high)))
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method=method)
+    return (float(ci.low), float(ci.high))
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion; (0, 1) when there is nothing to judge."""
+    low, high = _binomial_interval(k, n, confidence, "wilson")
+    return (max(0.0, low), min(1.0, high))
 
 
 def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95, limit: int = 10**8) -> int | None:
@@ -81,12 +87,7 @@ def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95,
 
 def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Exact (Clopper-Pearson) interval for a proportion."""
-    _check(k, n)
-    if n == 0:
-        return (0.0, 1.0)
-    _, stats = _scipy()
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
-    return (float(ci.low), float(ci.high))
+    return _binomial_interval(k, n, confidence, "exact")
 
 
 def paired_bootstrap_ci(

@@ -3,7 +3,7 @@
 Verdicts are compared claim by claim (a claim whose baseline verdict was about a ledger's presence, not the
 checkpoint, is left out), and the ``kvaudit::baseline`` test's ledger comparison (divergent sets, label
 changes, trajectories token for token) is carried in as it came. Each movement is a regression, an improvement
-or a change under the run's rules (:class:`pytest_kvaudit.core.planning.baseline.Rules`). Pure functions, no pytest.
+or a change under the run's rules (:class:`pytest_kvaudit.core.gate.rules.Rules`). Pure functions, no pytest.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from pytest_kvaudit.claims import base
 from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.planning.baseline import Rules
+from pytest_kvaudit.core.gate.rules import Rules
 from pytest_kvaudit.report.document import display_of, ordered
 
 #: how many items a line names before "and N more"
@@ -27,7 +27,8 @@ def load_baseline(path: Path) -> dict[str, Any]:
     """A recorded report: a report JSON file, or a snapshots/<slug>/ folder holding report.json."""
     p = path / "report.json" if path.is_dir() else path
     if not p.is_file():
-        raise KvauditError(f"--kvaudit-baseline: no report at {p}: record one with --snapshot-update or --kvaudit-report")
+        raise KvauditError(f"--kvaudit-baseline: no report at {p}: record one with --snapshot-update or "
+                           "--kvaudit-report")
     try:
         rep = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -1,6 +1,7 @@
 """The analyses block as HTML: divergence anatomy, layer sweep, axes and batch invariance, with figures.
 
-Renders the report's ``analyses`` (see :mod:`pytest_kvaudit.claims.analyses`); the page builder (:mod:`.html`) places them.
+Renders the report's ``analyses`` (see :mod:`pytest_kvaudit.claims.analyses`); the page builder (:mod:`.html`) places
+them.
 """
 
 from __future__ import annotations
@@ -159,9 +160,11 @@ def sections(report: Mapping[str, Any]) -> list[str]:
     if an:
         rows = [[e(r["item"]), r["dtype"], r["first_divergence"], r["suffix_len"],
                  e(r["token_live"]) + (f" <code>{e(r['text_live'])}</code>" if r.get("text_live") is not None else ""),
-                 e(r["token_prefill"]) + (f" <code>{e(r['text_prefill'])}</code>" if r.get("text_prefill") is not None else ""),
+                 e(r["token_prefill"]) + (f" <code>{e(r['text_prefill'])}</code>" if r.get("text_prefill") is not None
+                                          else ""),
                  "-" if r["margin_live"] is None else f"{r['margin_live']:.4g}",
-                 "-" if r["margin_prefill"] is None else f"{r['margin_prefill']:.4g}", r["label_live"], r["label_prefill"]]
+                 "-" if r["margin_prefill"] is None else f"{r['margin_prefill']:.4g}", r["label_live"],
+                 r["label_prefill"]]
                 for r in an.get("divergent", [])]
         parts.append(f"<h2 id='anatomy'>Divergence anatomy ({len(rows)} divergent items)</h2>" + table(
             ["item", "precision", "first divergence", "suffix length", "token live", "token prefill", "margin live",
@@ -171,7 +174,8 @@ def sections(report: Mapping[str, Any]) -> list[str]:
         parts.append(_sweep_section(sw))
     axes = report.get("analyses", {}).get("axes", [])
     if axes:
-        rows = [[r["dtype"], e(r.get("attn") or "default"), e(r.get("cache") or "dynamic"), e(r["construction"]), r["n"],
+        rows = [[r["dtype"], e(r.get("attn") or "default"), e(r.get("cache") or "dynamic"), e(r["construction"]),
+                 r["n"],
                  r["state_equals_live"], r["suffix_equals_live"], "-" if r["suffix_equals_prefill"] is None
                  else r["suffix_equals_prefill"]] for r in axes]
         parts.append("<h2 id='axes'>Axes: constructions, attention implementations and cache layouts</h2>" + table(

@@ -103,7 +103,8 @@ def gate_banner(cmp: Mapping[str, Any]) -> str:
     n, m = int(cmp.get("regressions") or 0), int(cmp.get("improvements") or 0)
     verdict = (f"<span class='fail'>FAILED</span>: {n} regression{'s' * (n != 1)}" if n
                else "<span class='pass'>PASSED</span>: no regression")
-    led = "" if cmp.get("ledger") else " Trajectories were not compared, because the kvaudit::baseline test did not run."
+    led = ("" if cmp.get("ledger") else
+           " Trajectories were not compared, because the kvaudit::baseline test did not run.")
     return (f"<p id='gate'><strong>Gate against the baseline <code>{e(cmp.get('path'))}</code>: {verdict}, "
             f"{m} improvement{'s' * (m != 1)}.</strong>{led} <a href='#baseline'>Details</a>.</p>")
 
@@ -114,7 +115,8 @@ def baseline_section(cmp: Mapping[str, Any]) -> str:
     def side(s: Mapping[str, Any] | None) -> str:
         return "-" if s is None else f"{status(s['status'], upper=True)} {s['k']}/{s['n']}"
 
-    kinds = {"regression": "<span class='fail'>regression</span>", "improvement": "<span class='pass'>improvement</span>",
+    kinds = {"regression": "<span class='fail'>regression</span>",
+             "improvement": "<span class='pass'>improvement</span>",
              "not_compared": "not compared (a ledger's presence, not the checkpoint)", None: ""}
     rows = [[f"<code>{e(n)}</code>", side(r["was"]), side(r["now"]), kinds.get(r["kind"], e(r["kind"]))]
             for n, r in cmp.get("claims", {}).items()]
@@ -124,7 +126,8 @@ def baseline_section(cmp: Mapping[str, Any]) -> str:
            table(["claim", "baseline", "this run", "change"], rows, "baseline")]
     led = cmp.get("ledger")
     if not led:
-        out.append("<p>Trajectories were not compared, because the <code>kvaudit::baseline</code> test did not run.</p>")
+        out.append("<p>Trajectories were not compared, because the <code>kvaudit::baseline</code> test "
+                   "did not run.</p>")
         return "\n".join(out)
     found = {(f["metric"], f["dtype"]): f["kind"] for f in led.get("findings", [])}
     prow = []

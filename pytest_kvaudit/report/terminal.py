@@ -50,7 +50,8 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     out = []
     m = report["model"]
     it = report["items"]
-    out.append(f"model {m.get('id')} ({m.get('architecture')}, {m.get('num_layers')} layers, {m.get('weights_digest', '')[:19]})")
+    out.append(f"model {m.get('id')} ({m.get('architecture')}, {m.get('num_layers')} layers, "
+               f"{m.get('weights_digest', '')[:19]})")
     e = report.get("environment", {})
     if e:  # the switches that decide bit-exactness, so a failed replica claim comes with where to look
         onoff = {True: "on", False: "off", None: "-"}
@@ -58,14 +59,15 @@ def lines(report: Mapping[str, Any]) -> list[str]:
             f"environment torch {e.get('torch')}, transformers {e.get('transformers')}, device {e.get('device')} "
             f"({e.get('device_name')}, {e.get('cpu_capability')}), attn {e.get('attn_implementation')}, "
             f"threads {e.get('num_threads')}, deterministic {onoff.get(e.get('deterministic_algorithms'), '-')}, "
-            f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace {e.get('cublas_workspace_config') or '-'}"
+            f"TF32 matmul {onoff.get(e.get('tf32_matmul'), '-')}, cuBLAS workspace "
+            f"{e.get('cublas_workspace_config') or '-'}"
         )
         spec = find(e.get("backend"))  # the engine that ran the model says what it adds (its own record's lines)
         if spec is not None and spec.report_lines is not None:
             out += spec.report_lines(e)
     inel = ", ".join(f"{k} {v}" for k, v in it.get("ineligible", {}).items()) or "none"
-    stop = f"; suffixes end at the first match of {it['stop_regex']!r} (--kvaudit-stop-regex=off: the whole budget)" if it.get(
-        "stop_regex") else ""
+    stop = (f"; suffixes end at the first match of {it['stop_regex']!r} (--kvaudit-stop-regex=off: the whole budget)"
+            if it.get("stop_regex") else "")
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel}){_template_hint(it)}{stop}")
     out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")
     for name in ordered(report):
@@ -156,7 +158,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         for k, a in steps.items():
             out.append(f"{d:<10} {k:<22} {a['cells']:>7} {a['forward_calls']:>14} {a['forward_tokens']:>15} "
                        f"{a.get(col) or 0:>18}")
-    out.append(f"forward tokens: at most {plan['forward_tokens']:,} in {plan['forward_calls']:,} calls ({plan['bound']})")
+    out.append(f"forward tokens: at most {plan['forward_tokens']:,} in {plan['forward_calls']:,} calls "
+               f"({plan['bound']})")
     if plan.get("forward_tokens_predicted") is not None:
         out.append(f"forward tokens predicted: {plan['forward_tokens_predicted']:,} in "
                    f"{plan['forward_calls_predicted']:,} calls, from {plan['predicted_basis']}")
@@ -165,7 +168,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         out.append(f"  (no exact prediction: {led['why']}; a recorded ledger of this model makes one)")
     mem = plan["memory"]
     out.append("peak K/V cache: " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["peak_cache_bytes"].items())
-               + f" ({mem['basis']}); weights " + ", ".join(f"{d} {_bytes(b)}" for d, b in mem["weights_bytes"].items()))
+               + f" ({mem['basis']}); weights " + ", ".join(f"{d} {_bytes(b)}"
+                                                            for d, b in mem["weights_bytes"].items()))
     cal = plan["calibration"]
     per = ", ".join(f"{d} {cal[d]['per_call_s'] * 1e3:.2f} ms/call + {cal[d]['per_token_s'] * 1e6:.1f} us/token, "
                     f"load {cal[d]['load_s']:.1f}s" for d in plan["precisions"] if d in cal)
@@ -188,7 +192,8 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
     if c.get("decides") in ("not applicable", "not declared") or not st.get("by"):
         return []
     need = {w: r.get("needs") for w, r in (c.get("needs") or {}).items()}
-    by = ", ".join(f"{w}{f' {need[w]}' if w in need else ''} -> {'never' if v is None else v}" for w, v in st["by"].items())
+    by = ", ".join(f"{w}{f' {need[w]}' if w in need else ''} -> {'never' if v is None else v}"
+                   for w, v in st["by"].items())
     chance = f"an {st.get('chance', 0.8):.0%} chance to pass under --kvaudit-strict"
     lo, hi = (st.get("range") or [None, None])[:2]
     span = ("" if lo is None or (lo == hi == st.get("n")) else
@@ -200,24 +205,3 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
         return [f"{'':<22} strict n: no n reaches it at these rates ({by}), so --kvaudit-strict fails it."]
     warn = f"; WARNING: this run has n={items}, so --kvaudit-strict is likely to fail it" if items < st["n"] else ""
     return [f"{'':<22} strict n: {st['n']} items ({by}) for {chance}{span}{warn}."]
-
-
-def compare_lines(cmp: Mapping[str, Any]) -> list[str]:
-    """What changed from the baseline, one line a change."""
-    if not cmp["changes"]:
-        return ["no change from the baseline: every verdict and rate within its baseline interval"]
-    out = []
-    for ch in cmp["changes"]:
-        if ch["kind"] == "rate":
-            (k0, n0), (k1, n1) = ch["was"], ch["now"]
-            lo, hi = ch["baseline_interval"]
-            out.append(f"REGRESSION {ch['claim']}: {ch['figure']} moved {k0}/{n0} -> {k1}/{n1}, outside the "
-                       f"baseline's 95% interval [{lo:.3f}, {hi:.3f}]")
-        elif ch["kind"] == "new":
-            out.append(f"{ch['claim']}: new claim, {ch['now']}")
-        elif ch["kind"] == "missing":
-            out.append(f"{ch['claim']}: in the baseline ({ch['was']}), not judged in this run")
-        else:
-            tag = "REGRESSION " if ch["kind"] == "regression" else ""
-            out.append(f"{tag}{ch['claim']}: {ch['was']} -> {ch['now']}")
-    return out

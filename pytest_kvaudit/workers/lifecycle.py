@@ -14,20 +14,23 @@ turning an error into a test outcome.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.compute.progress import Progress
 from pytest_kvaudit.core.compute.store import Store
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.gate.identity import partial_identity, run_identity
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
 from pytest_kvaudit.core.runtime.itemcheck import item_set_name
 from pytest_kvaudit.core.runtime.torch_settings import prepare
 from pytest_kvaudit.workers.exports import export, finish_shard, write_export, write_export_error, write_partial
 from pytest_kvaudit.workers.merge import merge_exports, merge_partials
+from pytest_kvaudit.workers.partials import PARTIAL_RE
 from pytest_kvaudit.workers.queue import WorkQueue
 from pytest_kvaudit.workers.topology import Topology
 
@@ -35,19 +38,52 @@ from pytest_kvaudit.workers.topology import Topology
 PlanFn = Callable[[Store, int], dict[str, Any]]
 
 
+def _no_faults() -> Faults:
+    return NO_FAULTS
+
+
 @dataclass
 class Lifecycle:
-    """One run's store, obtained once, whichever process this is."""
+    """One run's store, obtained once, whichever process this is; the run's config (the work its claims select,
+    a merge's partials' plan) and its identity live here, beside the store they open."""
 
     config: AuditConfig
     topology: Topology
-    faults: Faults = NO_FAULTS
+    #: asked once, when the store first opens: a conftest's faults hook is registered by then
+    faults: Callable[[], Faults] = _no_faults
     written: Path | None = None  # the partial this runner wrote
+    store: Store | None = None  # the store the claims judge, once obtained
+    error: str | None = None  # why this process has no store (every claim fails with it)
+    _identity: dict[str, Any] | None = field(default=None, repr=False)
+    _faults: Faults | None = field(default=None, repr=False)
 
     def open(self) -> Store:
         """The run's store, nothing computed yet, with torch set up for this process."""
         index = self.topology.worker[0] if self.topology.worker is not None else None
-        return Store.open(prepare(self.config, index), self.faults, self.topology.shard or (0, 1))
+        if self._faults is None:
+            self._faults = self.faults()
+        return Store.open(prepare(self.config, index), self._faults, self.topology.shard or (0, 1))
+
+    def identity(self, strict: bool = False) -> dict[str, Any]:
+        """The run's model shape, items and settings, computed once, as a later run's ``--kvaudit-baseline`` checks
+        them before it loads anything: from config.json (or a GGUF header) and the item file, or a merge's
+        partials. Empty where they cannot be read back (a hub checkpoint offline), unless ``strict`` (the gate's
+        check) raises."""
+        if self._identity is None:
+            merge = self.topology.merge
+            try:
+                if merge is None:
+                    self._identity = run_identity(self.config)
+                else:
+                    files = sorted(p for p in merge.rglob("partial-*.json") if PARTIAL_RE.fullmatch(p.name))
+                    if not files:
+                        raise KvauditError(f"--kvaudit-merge={merge}: no partial-I-of-N.json under it")
+                    self._identity = partial_identity(json.loads(files[0].read_text(encoding="utf-8")))
+            except (KvauditError, OSError, ValueError):
+                if strict:
+                    raise
+                self._identity = {}
+        return self._identity
 
     def obtain(self, plan: PlanFn, progress: Progress | None) -> Store | None:
         """The store the claims judge: merged from the runners' partials, merged from the xdist workers'

@@ -6,8 +6,8 @@ exports of its processes plus what decides whether shards may be added up: the m
 environment, the item set (count and a digest of ids and prompts) and the plan (the config fields that
 decide what is computed). ``--kvaudit-merge=DIR`` reads every partial under DIR (artifact downloads put
 each in its own folder, so the search is recursive), refuses shards that do not add up to one run with one
-line naming the files and the field, and hands the exports to :func:`pytest_kvaudit.workers.merge.merged`: the claims then judge
-exactly the records a single run over all items computes.
+line naming the files and the field, and hands the exports to :func:`pytest_kvaudit.workers.merge.merged`: the claims
+then judge exactly the records a single run over all items computes.
 
 Plain data and files only: no pytest, no torch.
 """
@@ -42,7 +42,8 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise KvauditError(f"--kvaudit-shard={text!r} is not I/N: give this runner's shard I of N shards, e.g. 0/3")
     i, n = int(m.group(1)), int(m.group(2))
     if n < 1 or i >= n:
-        raise KvauditError(f"--kvaudit-shard={text}: I must be from 0 to N-1 (shards are numbered from 0), e.g. 0/{max(n, 1)}")
+        raise KvauditError(f"--kvaudit-shard={text}: I must be from 0 to N-1 (shards are numbered from 0), e.g. "
+                           f"0/{max(n, 1)}")
     return i, n
 
 
@@ -149,7 +150,8 @@ def check(parts: list[tuple[Path, dict[str, Any]]], folder: Path) -> None:
 def item_set(doc: dict[str, Any]) -> ItemSet:
     """The item set as the merge needs it (order, ids, answers and rules), rebuilt from a partial."""
     s = doc["item_set"]
-    return ItemSet(Path(s["path"]), tuple(Item(str(i), str(a)) for i, a in s["items"]), s["boundary"], s["answer_regex"],
+    return ItemSet(Path(s["path"]), tuple(Item(str(i), str(a)) for i, a in s["items"]), s["boundary"],
+                   s["answer_regex"],
                    int(s["max_new_tokens"]), s.get("stop_regex"), dict(s.get("chat") or {}))
 
 

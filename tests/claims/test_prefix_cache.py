@@ -46,9 +46,10 @@ def test_whole_block_hits_that_reproduce_pass_and_partial_changes_are_counted() 
     assert f["cross_request"]["label_changes_vs_live"] == [1, 3] and f["cross_request"]["cached_tokens"] == 96
     lo, hi = f["partial"]["suffix_changes_vs_live_ci"]
     assert 0 < lo < 1 / 3 < hi < 1
-    assert r.figures["lines"] == ["prefix cache (bf16): whole-block hits reproduce 3/3; partial hits change 1/3 suffixes "
-                                  f"(33% [{lo:.0%}, {hi:.0%}]), 0 labels; cross-request hits change 0/3 suffixes "
-                                  f"(0% [0%, {f['cross_request']['suffix_changes_vs_live_ci'][1]:.0%}]), 1 labels"]
+    assert r.figures["lines"] == ["prefix cache (bf16): whole-block hits reproduce 3/3; partial hits change 1/3 "
+                                  f"suffixes (33% [{lo:.0%}, {hi:.0%}]), 0 labels; cross-request hits change 0/3 "
+                                  f"suffixes (0% [0%, {f['cross_request']['suffix_changes_vs_live_ci'][1]:.0%}]), 1 "
+                                  "labels"]
     assert get("prefix_cache").key_figure(r) == r.figures["lines"][0]
 
 

@@ -49,8 +49,10 @@ USAGE_CASES: list[tuple[list[str], str]] = [
     (["--kvaudit-model="], "ERROR: --kvaudit-model is empty: give a value*or leave the flag out"),
     (["--kvaudit-report=  "], "ERROR: --kvaudit-report is empty*"),
     (["--kvaudit-chunks=0"], "ERROR: --kvaudit-chunks: chunk sizes must be positive*"),
-    (["--kvaudit-analyses=sweep"], "ERROR: --kvaudit-analyses: unknown analysis 'sweep'; use layer_sweep, batch_invariance or all"),
-    (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "block_size"], "ERROR: --kvaudit-engine-arg 'block_size': give KEY=VALUE*"),
+    (["--kvaudit-analyses=sweep"],
+     "ERROR: --kvaudit-analyses: unknown analysis 'sweep'; use layer_sweep, batch_invariance or all"),
+    (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "block_size"],
+     "ERROR: --kvaudit-engine-arg 'block_size': give KEY=VALUE*"),
     (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "1x=2"], "ERROR: --kvaudit-engine-arg '1x=2': give KEY=VALUE*"),
     (["--kvaudit-backend=vllm", "--kvaudit-engine-arg=block_size=16", "--kvaudit-engine-arg=block_size=32"],
      "ERROR: --kvaudit-engine-arg: block_size is given twice (block_size=16 and block_size=32); give it once"),
@@ -188,7 +190,8 @@ garbage = st.one_of(
     st.text(max_size=12),
     st.integers(min_value=-(10**40), max_value=10**40).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(str),
-    st.sampled_from(["", " ", "0", "-0", "+1", "1e3", "0x10", "１２", "٣", "1_000", "tokens:", "tokens:-1", "9" * 5000]),
+    st.sampled_from(["", " ", "0", "-0", "+1", "1e3", "0x10", "１２", "٣", "1_000", "tokens:", "tokens:-1",
+                     "9" * 5000]),
 )
 
 
@@ -254,7 +257,8 @@ def test_meta_json_of_the_wrong_type_names_file_and_field(tmp_path: Path, meta: 
 
 @pytest.mark.parametrize(("item", "want"), [
     ({"id": "neg", "prompt_ids": [3, -1], "answer": "1"}, "set.jsonl:2: item 'neg': 'prompt_ids' must be"),
-    ({"id": "b", "prompt": "S1:", "answer": "1", "boundary": "tokens:abc"}, "set.jsonl:2: item 'b': boundary 'tokens:abc'"),
+    ({"id": "b", "prompt": "S1:", "answer": "1", "boundary": "tokens:abc"},
+     "set.jsonl:2: item 'b': boundary 'tokens:abc'"),
     ({"id": "b", "prompt": "S1:", "answer": "1", "boundary": ""}, "set.jsonl:2: item 'b': --kvaudit-boundary is empty"),
 ])
 def test_bad_item_fields_name_file_and_line(tmp_path: Path, item: dict[str, Any], want: str) -> None:
@@ -484,7 +488,8 @@ def test_claim(kvaudit_judge):
     res = pytester.runpytest_subprocess(f"--kvaudit-model={ck}", "--kvaudit-dtypes=fp32",
                                         "test_mine.py")
     assert res.ret == pytest.ExitCode.TESTS_FAILED
-    res.stdout.fnmatch_lines(["*checkpoint */ck lacks 3 weight(s) that config.json asks for, e.g. model.layers.0.mlp.*"])
+    res.stdout.fnmatch_lines(["*checkpoint */ck lacks 3 weight(s) that config.json asks for, "
+                              "e.g. model.layers.0.mlp.*"])
     out = res.stdout.str() + res.stderr.str()
     assert "Traceback" not in out and "LOAD REPORT" not in out
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.gate.identity import mismatches
+from pytest_kvaudit.core.gate.ledger_diff import compare, findings, with_text
+from pytest_kvaudit.core.gate.rules import Rules
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR
-from pytest_kvaudit.core.planning.baseline import Rules, mismatches
-from pytest_kvaudit.core.planning.ledger_diff import compare, findings, with_text
 from pytest_kvaudit.report.comparison import compare as compare_reports
 from pytest_kvaudit.report.comparison import compare_lines, ledger_lines
 from pytest_kvaudit.report.html import gate_banner
@@ -71,7 +72,8 @@ def test_a_continuation_that_moves_while_its_item_stays_divergent_is_reported() 
     t = diff["bf16"]["trajectories"]
     assert t["changed"] == 0 and t["continuations_changed"] == 1
     assert t["continuations"][0] | {"was_ids": None, "now_ids": None} == {
-        "item": "sum-004", "construction": "prefill", "position": 2, "was": 5, "now": 6, "was_ids": None, "now_ids": None}
+        "item": "sum-004", "construction": "prefill", "position": 2, "was": 5, "now": 6, "was_ids": None,
+                                                                          "now_ids": None}
     found = findings(diff, Rules.parse(None))
     assert [(f["metric"], f["kind"], f["changed"]) for f in found] == [("continuations", "change", 1)]  # reported
     failing = findings(diff, Rules.parse("continuations:change"))
@@ -230,7 +232,8 @@ def test_less_divergence_is_an_improvement_more_is_a_failed_test(recorded: Path,
     assert "REGRESSION bf16 divergent suffixes (live vs prefill): " in bad.stdout
     html = (tmp_path / "r.html").read_text()
     assert "Against the baseline" in html and "<span class='fail'>regression</span>" in html
-    assert html.index("id='gate'") < html.index("id='claims'") and "Gate against the baseline" in html and "FAILED</span>: " in html
+    assert html.index("id='gate'") < html.index("id='claims'")
+    assert "Gate against the baseline" in html and "FAILED</span>: " in html
 
 
 def test_a_truncated_ledger_is_refused_at_configure_within_seconds(recorded: Path, pytester: pytest.Pytester) -> None:
@@ -263,11 +266,13 @@ def test_the_plan_checks_the_baseline_and_stated_defaults_gate_as_unset_ones(rec
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--kvaudit-baseline={root}/nowhere"], "ERROR: --kvaudit-baseline: no report at *nowhere: record one with --snapshot-update*"),
+    (["--kvaudit-baseline={root}/nowhere"],
+     "ERROR: --kvaudit-baseline: no report at *nowhere: record one with --snapshot-update*"),
     (["--kvaudit-baseline={base}", "--kvaudit-n=9"], "  n (items): baseline 8, this run 9 (--kvaudit-n)"),
     (["--kvaudit-baseline={base}", "--kvaudit-items=builtin:arith-v2", N],
      "  items: baseline *step-1000/items.jsonl (sha256:*), this run builtin:arith-v2 (*): another item set*"),
-    (["--kvaudit-baseline={base}", "--kvaudit-dtypes=bf16,fp32", N], "  settings.dtypes: baseline bf16, this run bf16,fp32"),
+    (["--kvaudit-baseline={base}", "--kvaudit-dtypes=bf16,fp32", N],
+     "  settings.dtypes: baseline bf16, this run bf16,fp32"),
 ], ids=["missing", "another-n", "another-item-set", "another-precision"])
 def test_a_baseline_that_cannot_gate_is_refused_before_anything_loads(recorded: Path, pytester: pytest.Pytester,
                                                                        args: list[str], says: str) -> None:

@@ -59,7 +59,8 @@ def test_a_noisy_causal_model_is_not_refused_and_its_spread_is_returned(tiny_lla
 def test_a_model_that_sees_the_future_is_refused_through_the_noise(request: pytest.FixtureRequest) -> None:
     from pytest_kvaudit.core.runtime.refusals import check_causal
 
-    bert = load(request.getfixturevalue("tiny_bert"))  # logits of scale ~20, earlier positions move by ~17 when the last token changes
+    # logits of scale ~20, earlier positions move by ~17 when the last token changes
+    bert = load(request.getfixturevalue("tiny_bert"))
     with pytest.raises(KvauditError, match=r"is not causal: .* nondeterministic, and 4x that"):
         check_causal(Noisy(bert, 0.1), Path("noisy encoder"))
     with pytest.raises(KvauditError, match="nondeterministic, and 4x that"):

@@ -77,8 +77,8 @@ def test_noise_in_one_replica_fails_replica_exactness(pytester: pytest.Pytester,
     setup_suite(pytester, BREAK + faults(logits="noisy_logits({'prefill:replica'})"))
     res, data = run(pytester, tiny_llama, "test_replica_exactness.py")
     res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ, the first t00@bf16/prefill in its logits fingerprint "
-                              "(suffix and boundary state identical): t00@bf16/prefill (logits)*"])
+    res.stdout.fnmatch_lines(["*replica_exactness FAILED: 16 replica(s) differ, the first t00@bf16/prefill in its "
+                              "logits fingerprint (suffix and boundary state identical): t00@bf16/prefill (logits)*"])
     assert statuses(data) == {"replica_exactness": "fail"}
     assert data["claims"]["replica_exactness"]["k"] == 16
 
@@ -87,7 +87,8 @@ def test_perturbed_incremental_path_fails_the_bridge(pytester: pytest.Pytester, 
     setup_suite(pytester, BREAK + faults(state="noisy_state({'incremental'})"))
     res, data = run(pytester, tiny_llama, "test_bridge_bitexact.py")
     res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*bridge_bitexact FAILED: incremental differs from live on t00@bf16 (K/V of layers 0:k,0:v,1:k,1:v)*"])
+    res.stdout.fnmatch_lines(["*bridge_bitexact FAILED: incremental differs from live on t00@bf16 (K/V of layers "
+                              "0:k,0:v,1:k,1:v)*"])
 
 
 def test_transplants_follow_when_the_cache_carries_the_divergence(pytester: pytest.Pytester, tiny_llama: Path) -> None:
@@ -132,7 +133,8 @@ def test_a_sham_transplant_that_corrupts_fails_donor_following_on_its_control(py
     assert f["live_to_prefill"][0] == f["live_to_prefill"][1] >= 3
     assert f["sham_flips"][0] >= 1 and f["sham_flips"][1] == 2 * f["live_to_prefill"][1]
     assert f["identical_layer_flips"][0] == 0
-    res.stdout.fnmatch_lines(["*donor_following FAILED: receivers that did not follow: t0*@bf16 sham prefill_to_prefill*"])
+    res.stdout.fnmatch_lines(["*donor_following FAILED: receivers that did not follow: t0*@bf16 sham "
+                              "prefill_to_prefill*"])
     sham = [d for d in c["details"] if d["a"].startswith("sham")]
     assert sham and all(d["position"] is not None and d["text_a"] != d["text_b"] for d in sham)
 
@@ -155,7 +157,8 @@ def test_controls_flip_nothing_and_name_the_differing_layers(pytester: pytest.Py
     assert units >= 1 and f["sham_flips"] == [0, 2 * units] and f["identical_layer_flips"] == [0, 2 * units]
     assert f["differing_layers"] == {"bf16": {"1": units}}
     assert "1:kv" in f["sufficient_subsets"] and f["minimal_sufficient"] == "1:kv"
-    res.stdout.fnmatch_lines(["donor_following*PASS*sham flips 0/*, identical-layer flips 0/*; differing layers bf16 1"])
+    res.stdout.fnmatch_lines(["donor_following*PASS*sham flips 0/*, identical-layer flips 0/*; "
+                              "differing layers bf16 1"])
 
 
 def test_an_answer_regex_that_never_matches_is_inconclusive(pytester: pytest.Pytester, tiny_llama: Path) -> None:
@@ -177,7 +180,8 @@ def test_the_2x2_computes_its_own_cells(pytester: pytest.Pytester, tiny_llama: P
     res.assert_outcomes(failed=1)
     f = data["claims"]["fixed_prefix_2x2"]["figures"]
     assert f["fixed_only"]["bf16"] >= 1 and f["disagreements"]["fp32"] == 0
-    res.stdout.fnmatch_lines(["*fixed_prefix_2x2 FAILED: bf16: the 2x2's divergent set differs from the matched one on *"])
+    res.stdout.fnmatch_lines(["*fixed_prefix_2x2 FAILED: bf16: the 2x2's divergent set differs from the matched one on "
+                              "*"])
     d = data["claims"]["fixed_prefix_2x2"]["details"][0]
     assert d["a"] == "fixed:replay" and d["side"] == "2x2 only" and d["text_a"] != d["text_b"]
 
@@ -204,10 +208,12 @@ def test_fp32_noise_that_flips_tokens_fails_the_2x2(pytester: pytest.Pytester, t
 def test_zero_eligible_items_make_every_claim_inconclusive(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     setup_suite(pytester)
     res, data = run(pytester, tiny_llama, "--kvaudit-boundary=|||||")
-    res.assert_outcomes(skipped=7)  # five inconclusive; lossy_cache_budget (no lossy kind) and prefix_cache (no prefix cache) not applicable
+    # five inconclusive; lossy_cache_budget (no lossy kind) and prefix_cache (no prefix cache) not applicable
+    res.assert_outcomes(skipped=7)
     assert set(statuses(data).values()) == {"inconclusive"}
     assert data["items"]["eligible"] == 0 and data["items"]["ineligible"] == {"boundary_not_reached": 8}
-    res.stdout.fnmatch_lines(["*replica_exactness inconclusive: 0 replica units, needs 4 (ineligible: boundary_not_reached 16)*"])
+    res.stdout.fnmatch_lines(["*replica_exactness inconclusive: 0 replica units, needs 4 (ineligible: "
+                              "boundary_not_reached 16)*"])
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +283,8 @@ def test_a_marker_the_tokenizer_cannot_spell_is_one_line(pytester: pytest.Pytest
     setup_suite(pytester)
     res, _ = run(pytester, tiny_llama, "--kvaudit-boundary=</think>", "test_replica_exactness.py")
     res.assert_outcomes(errors=1)
-    res.stdout.fnmatch_lines(["*boundary marker '</think>' cannot be produced by the tokenizer of *: pass --kvaudit-boundary*"])
+    res.stdout.fnmatch_lines(["*boundary marker '</think>' cannot be produced by the tokenizer of *: pass "
+                              "--kvaudit-boundary*"])
 
 
 def test_out_of_memory_on_one_item_is_reported_and_the_run_goes_on(pytester: pytest.Pytester, tiny_llama: Path) -> None:

@@ -61,12 +61,14 @@ def test_model_alone_runs_every_builtin_claim_once_from_an_empty_directory(pytes
 def test_selection_by_name_and_by_k(pytester: pytest.Pytester) -> None:
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q",
                                         "--kvaudit-claims=donor_following,bridge_bitexact")
-    res.stdout.fnmatch_lines(["*test_bridge_bitexact*", "*test_donor_following*", "2/8 tests collected (6 deselected)*"])
+    res.stdout.fnmatch_lines(["*test_bridge_bitexact*", "*test_donor_following*",
+                              "2/8 tests collected (6 deselected)*"])
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--collect-only", "-q", "-k", "ledger")
     res.stdout.fnmatch_lines(["*test_ledger_audit*", "1/8 tests collected (7 deselected)*"])
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-claims=donors")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines(["ERROR: --kvaudit-claims: unknown claim 'donors'; built-in claims are replica_exactness,*"])
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-claims: unknown claim 'donors'; "
+                              "built-in claims are replica_exactness,*"])
 
 
 @pytest.mark.usefixtures("builtin_claims")
@@ -92,9 +94,11 @@ def test_a_users_claim_file_shares_the_store_and_none_runs_only_it(pytester: pyt
 @pytest.mark.usefixtures("builtin_claims")
 def test_strict_makes_inconclusive_a_failure_naming_what_is_missing(pytester: pytest.Pytester) -> None:
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=3", "--kvaudit-strict",
-                                        "--kvaudit-claims=matched_construction,donor_following", "-p", "no:cacheprovider")
+                                        "--kvaudit-claims=matched_construction,donor_following", "-p",
+                                        "no:cacheprovider")
     assert res.ret == pytest.ExitCode.TESTS_FAILED
-    res.stdout.fnmatch_lines(["*matched_construction inconclusive under --kvaudit-strict: bf16: 3 eligible items, needs 20*"])
+    res.stdout.fnmatch_lines(["*matched_construction inconclusive under --kvaudit-strict: bf16: 3 eligible items, "
+                              "needs 20*"])
     res.stdout.fnmatch_lines(["*donor_following inconclusive under --kvaudit-strict: *"])
     res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-n=3",
                                         "--kvaudit-claims=matched_construction", "-p", "no:cacheprovider")

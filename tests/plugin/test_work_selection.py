@@ -91,7 +91,8 @@ def test_a_claim_needing_what_its_backend_lacks_is_not_applicable() -> None:
         needs = ("transplants", "layer_sweep")
 
     assert Swept().applicable(AuditConfig()) is None
-    assert "llama.cpp backend cannot compute layer_sweep" in (Swept().applicable(AuditConfig(backend="llama.cpp")) or "")
+    assert "llama.cpp backend cannot compute layer_sweep" in (Swept().applicable(AuditConfig(backend="llama.cpp"))
+                                                              or "")
     plan = decides({"units": 1}, {"units": (10, 10)}, "why not")
     assert plan["decides"] == NOT_APPLICABLE and plan["why"] == "why not"
 
@@ -104,7 +105,8 @@ def test_the_strict_n_comes_from_each_claims_own_least_evidence() -> None:
     bridge = least_units("bridge_bitexact")
     assert strict_n(bridge, per_item)["n"] == bridge["items_x_precisions"] // 2  # an item is a unit per precision
     # above the donor units, no n gets there
-    assert strict_n({"divergent_units_per_direction": 10}, per_item, caps={"divergent_units_per_direction": 4})["n"] is None
+    assert strict_n({"divergent_units_per_direction": 10}, per_item,
+                    caps={"divergent_units_per_direction": 4})["n"] is None
 
 
 def sample_of(divergent: dict[str, int], n: int = 8) -> dict[str, list[Lengths]]:
@@ -147,7 +149,8 @@ def test_a_user_claim_alone_computes_only_what_it_reads(pytester: pytest.Pyteste
         cost = data["cost"]
         # every forward is the trajectory or the prefill this claim reads: no replica, 2x2 cell, transplant,
         # sweep or batch-probe forward, and the plan priced exactly that
-        assert cost["forward_tokens"] == cost["minimal_forward_tokens"] == data["plan"]["priced_after_run"]["forward_tokens"]
+        priced = data["plan"]["priced_after_run"]["forward_tokens"]
+        assert cost["forward_tokens"] == cost["minimal_forward_tokens"] == priced
         assert data["plan"]["work"] == ["prefill", "trajectory"]
         assert set(data["plan"]["steps"]["bf16"]) == {"live", "prefill"}
         assert data["analyses"]["batch_invariance"] == [] and data["analyses"]["layer_sweep"]["units"] == []
@@ -182,8 +185,8 @@ def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: 
     assert claims["test_plain"]["decides"] == "not declared" and plan["work"] is None
     fixed = claims["fixed_prefix_2x2"]["strict"]
     assert fixed["by"]["units_per_high_precision"] >= least_units_for_upper(0.02)  # over the eligibility rate
-    res.stdout.fnmatch_lines(["*strict n: * items (eligible_items_per_precision 20 -> 20, accuracy_ci_within_margin -> *) "
-                              "for an 80% chance to pass under --kvaudit-strict; *; WARNING: this run has n=8*",
+    res.stdout.fnmatch_lines(["*strict n: * items (eligible_items_per_precision 20 -> 20, accuracy_ci_within_margin -> "
+                              "*) for an 80% chance to pass under --kvaudit-strict; *; WARNING: this run has n=8*",
                               "*strict n: unknown, at least 189 items (*): the calibration saw nothing to estimate*",
                               "*strict n: 6 items (items_x_precisions 12 -> 6) for an 80% chance to pass*",
                               "lossy_cache_budget*decides: not applicable*",

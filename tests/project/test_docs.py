@@ -21,7 +21,8 @@ DOCS = REPO / "docs"
 OPTION = re.compile(r"--kvaudit-[a-z0-9-]*[a-z0-9]")
 ENV = re.compile(r"\bKVAUDIT_[A-Z0-9_]*[A-Z0-9]")
 #: a repository path as the docs write it (a folder the repository has, then its parts)
-PATH = re.compile(r"(?<![\w/.$~-])((?:benchmarks|scripts|fixtures|suites|tests|pytest_kvaudit|docs|\.ci|snapshots/embedded)"
+PATH = re.compile(r"(?<![\w/.$~-])"
+                  r"((?:benchmarks|scripts|fixtures|suites|tests|pytest_kvaudit|docs|\.ci|snapshots/embedded)"
                   r"(?:/[\w.*-]+)*/?)")
 #: words of the development log, and a machine left unnamed
 DEV_LOG = re.compile(r"\bsessions?\b|\bIssue \d|\blent\b|\bthis (?:CPU|machine|Xeon|EPYC)\b", re.I)
@@ -142,7 +143,8 @@ def test_the_environment_page_lists_exactly_the_variables_the_package_reads() ->
 
 
 def test_docs_name_only_variables_that_exist() -> None:
-    tests_env = {v for f in (REPO / "tests").rglob("*.py") if f.name != "test_docs.py" for v in ENV.findall(f.read_text())}
+    tests_env = {v for f in (REPO / "tests").rglob("*.py") if f.name != "test_docs.py"
+                 for v in ENV.findall(f.read_text())}
     real = code_env() | tests_env
     bad = {str(p.relative_to(REPO)): sorted(u) for p in all_pages() if (u := set(ENV.findall(p.read_text())) - real)}
     assert bad == {}
@@ -195,16 +197,19 @@ def test_readme_is_a_landing_page() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= 150
     head = "\n".join(lines[:60])
-    for quickstart in ("**Gate a checkpoint in CI.**", "**Audit vLLM's prefix cache.**", "**Reproduce the paper's table**"):
+    for quickstart in ("**Gate a checkpoint in CI.**", "**Audit vLLM's prefix cache.**",
+                       "**Reproduce the paper's table**"):
         assert quickstart in head, quickstart
-    assert "pip install pytest-kvaudit" not in "\n".join(lines) and "pip install 'pytest-kvaudit" not in "\n".join(lines)
+    text = "\n".join(lines)
+    assert "pip install pytest-kvaudit" not in text and "pip install 'pytest-kvaudit" not in text
     # the site's home page is the README itself, its links made the site's
     home = ref.expand((DOCS / "index.md").read_text())
     assert "## Quickstarts" in home and "](docs/" not in home and "](guides/ci-gate.md)" in home
 
 
 def test_no_development_log_words_and_every_results_page_dated_on_a_named_machine() -> None:
-    bad = {str(p.relative_to(REPO)): DEV_LOG.findall(p.read_text()) for p in all_pages() if DEV_LOG.search(p.read_text())}
+    bad = {str(p.relative_to(REPO)): DEV_LOG.findall(p.read_text()) for p in all_pages()
+           if DEV_LOG.search(p.read_text())}
     assert bad == {}
     for page in (DOCS / "results").glob("*.md"):
         if page.name == "index.md":

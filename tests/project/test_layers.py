@@ -16,11 +16,12 @@ import tomllib
 from kvtest import REPO
 
 PKG = REPO / "pytest_kvaudit"
-_CORE = ("core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute", "core.planning")
+_CORE = ("core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute", "core.gate",
+         "core.planning")
 #: each layer and the layers it may import (the pytest side, at the top, may import all of them). The core, from
 #: the bottom: errors and atomic writes; plain data; the built-in item sets; arithmetic on lengths; torch and the
-#: engines; the computation; the plan. Over the core: the workers and the claims; the reports, which render the
-#: claims, over those
+#: engines; the computation; the baseline gate's logic; the plan. Over the core: the workers and the claims; the
+#: reports, which render the claims, over those
 LAYERS = {
     "core": {"core"},
     "core.model": {"core", "core.model"},
@@ -28,6 +29,7 @@ LAYERS = {
     "core.cost": {"core", "core.model", "core.cost"},
     "core.runtime": {"core", "core.model", "core.itemsets", "core.runtime"},
     "core.compute": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute"},
+    "core.gate": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.gate"},
     "core.planning": set(_CORE),
     "workers": {"workers", *_CORE},
     "claims": {"claims", *_CORE},
@@ -129,9 +131,9 @@ def floors(g: dict[str, set[str]], members: set[str]) -> tuple[int, list[str]]:
 
 
 def test_the_core_never_imports_pytest() -> None:
-    code = ("import sys\nimport pytest_kvaudit.core.compute.store, pytest_kvaudit.core.planning.plan, pytest_kvaudit.core.cost.ledger, "
-            "pytest_kvaudit.core.compute.probes, pytest_kvaudit.core.planning.baseline, pytest_kvaudit.core.itemsets.builtin_items, "
-            "pytest_kvaudit.workers.merge, pytest_kvaudit.workers.queue, "
+    code = ("import sys\nimport pytest_kvaudit.core.compute.store, pytest_kvaudit.core.planning.plan, "
+            "pytest_kvaudit.core.cost.ledger, pytest_kvaudit.core.compute.probes, pytest_kvaudit.core.gate.identity, "
+            "pytest_kvaudit.core.itemsets.builtin_items, pytest_kvaudit.workers.merge, pytest_kvaudit.workers.queue, "
             "pytest_kvaudit.claims, pytest_kvaudit.report.document, pytest_kvaudit.report.terminal\n"
             "bad = [m for m in ('pytest', '_pytest', 'pluggy') if m in sys.modules]\n"
             "assert not bad, bad\n")

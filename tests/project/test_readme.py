@@ -31,8 +31,8 @@ def test_write_your_own_claim_example_runs(pytester: pytest.Pytester, tiny_llama
 
 
 BREAK_CHUNKED = (
-        "import torch\nfrom pytest_kvaudit.core.runtime import state as kv\nfrom pytest_kvaudit.core.runtime.decoder import Faults\n"
-        "def hook(c, path):\n"
+        "import torch\nfrom pytest_kvaudit.core.runtime import state as kv\nfrom pytest_kvaudit.core.runtime.decoder "
+        "import Faults\ndef hook(c, path):\n"
         "    if path == 'chunked(4)':\n"
         "        for k, v in kv.layer_kv(c):\n"
         "            k.add_(8 * torch.randn(k.shape, generator=torch.Generator().manual_seed(1)).to(k.dtype))\n"
@@ -66,7 +66,8 @@ def test_a_claim_of_your_own_is_one_test_file(pytester: pytest.Pytester, tiny_ll
     data = json.loads(rep.read_text())
     assert data["claims"]["chunked_equals_prefill"]["figures"] == {"equal": [8, 8]}
     assert data["display"]["chunked_equals_prefill"]["figure"] == "chunked(4) continues like prefill on 8/8 units"
-    assert "<h2 id='chunked_equals_prefill'>Chunked prefill (4-token chunks) vs one-shot prefill</h2>" in page.read_text()
+    html = page.read_text()
+    assert "<h2 id='chunked_equals_prefill'>Chunked prefill (4-token chunks) vs one-shot prefill</h2>" in html
 
 
 def test_a_claim_of_your_own_fails_on_its_breaking_construction(pytester: pytest.Pytester, tiny_llama: Path) -> None:

@@ -49,7 +49,8 @@ def lay_out(root: Path) -> Path:
     return root
 
 
-def shard(root: Path, i: int, out: Path, *args: str, n: int = N_ITEMS, model: str = "embedded") -> subprocess.CompletedProcess[str]:
+def shard(root: Path, i: int, out: Path, *args: str, n: int = N_ITEMS,
+          model: str = "embedded") -> subprocess.CompletedProcess[str]:
     return pytest_run(root, f"--kvaudit-model={model}", f"--kvaudit-n={n}", f"--kvaudit-shard={i}/{SHARDS}",
                       f"--kvaudit-partials={out}", *args)
 
@@ -82,7 +83,8 @@ def test_a_share_records_its_partial_and_skips_its_claims(runs: Runs) -> None:
         assert res.returncode == 0, res.stdout + res.stderr
         assert (runs.partials / f"partial-{i}-of-{SHARDS}.json").is_file()
         assert SKIP_REASON.format(i=i, n=SHARDS, d=runs.partials) in res.stdout
-        assert f"kvaudit: shard {i}/{SHARDS} recorded to {runs.partials / f'partial-{i}-of-{SHARDS}.json'}" in res.stdout
+        partial = runs.partials / f"partial-{i}-of-{SHARDS}.json"
+        assert f"kvaudit: shard {i}/{SHARDS} recorded to {partial}" in res.stdout
     doc = json.loads((runs.partials / f"partial-0-of-{SHARDS}.json").read_text())
     # under -n 2 the two workers split shard 0 further: items 0, 6 and 3, 9
     assert len(doc["exports"]) == 2
@@ -199,7 +201,9 @@ def test_one_environment_from_workers_that_did_different_work() -> None:
     from pytest_kvaudit.workers.merge import union
 
     plain = {"torch": "2", "vllm_kv_cache_dtype": {"bf16": "torch.bfloat16"}}
-    probed = {"torch": "2", "vllm_kv_cache_dtype": {"fp32": "torch.float32"}, "vllm_lossy_kv_cache_dtype": {"bf16": "fp8"}}
-    assert union(plain, probed) == {"torch": "2", "vllm_kv_cache_dtype": {"bf16": "torch.bfloat16", "fp32": "torch.float32"},
+    probed = {"torch": "2", "vllm_kv_cache_dtype": {"fp32": "torch.float32"},
+              "vllm_lossy_kv_cache_dtype": {"bf16": "fp8"}}
+    assert union(plain, probed) == {"torch": "2",
+                                    "vllm_kv_cache_dtype": {"bf16": "torch.bfloat16", "fp32": "torch.float32"},
                                     "vllm_lossy_kv_cache_dtype": {"bf16": "fp8"}}
     assert union({}, plain) == plain and union(plain, {}) == plain

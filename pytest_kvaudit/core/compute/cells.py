@@ -1,5 +1,5 @@
-"""One cell: an item at one precision, computed in the steps :mod:`pytest_kvaudit.core.model.pipeline` declares, and the typed
-record it leaves.
+"""One cell: an item at one precision, computed in the steps :mod:`pytest_kvaudit.core.model.pipeline` declares, and
+the typed record it leaves.
 
 The steps, top to bottom (:meth:`CellBuilder.compute`; the constructions and the 2x2's cells are read from
 the pipeline's declaration, so a registered schedule runs here with nothing else to edit):
@@ -77,11 +77,15 @@ def prompt_ids(item: Item, tokenizer: Any, chat_template: bool | None, model: st
     return tuple(tokenizer(item.prompt, add_special_tokens=True)["input_ids"])
 
 
+#: a transplant: (receiver, donor, layers, parts) -> the receiver's state with the donor's K/V in those layers
+TransplantFn = Callable[[Any, Any, Any, str], Any]
+
+
 class CellBuilder:
     """Computes cells at one precision with one decoder; each step below is one method."""
 
     def __init__(self, dec: Decoder, tokenizer: Any, cfg: AuditConfig, item_set: ItemSet,
-                 transplant: Callable[[Any, Any, Any, str], Any] | None = None, max_positions: int | None = None) -> None:
+                 transplant: TransplantFn | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
         self.engine = engine(cfg.backend)  # its own constructions, what it lacks, and what reads its states:
         self.kv: Any = self.engine.state_reader or kv
@@ -120,8 +124,7 @@ class CellBuilder:
             if not primary and cfg.computes("fixed"):
                 self.fixed_prefix(rec, prompt, fixed_prefix)
             return rec, None
-        live_state, last = tr.state, tr.prefix[-1]
-        head = list(tr.prefix[:-1])
+        live_state, last, head = tr.state, tr.prefix[-1], list(tr.prefix[:-1])
         budget = self.item_set.max_new_tokens - tr.boundary  # type: ignore[operator]
         index = self.index.get(item.id)
         if replicates(cfg, index):  # each step below runs when a selected claim reads it (cfg.work)
@@ -134,7 +137,8 @@ class CellBuilder:
                 and rec.constructions["live"].suffix != rec.constructions["prefill"].suffix):
             donors, sweep = grant()
             if donors:  # a backend that keeps its state whole has no layers to sweep
-                self.transplants(rec, live_state, prefill_state, last, budget, sweep and "per_layer" not in self.engine.lacks)
+                self.transplants(rec, live_state, prefill_state, last, budget,
+                                 sweep and "per_layer" not in self.engine.lacks)
         return rec, tr.prefix
 
     def trajectory(self, item: Item, dtype: str, prompt: tuple[int, ...], rule: BoundaryRule) -> tuple[CellRecord, Any]:
@@ -158,16 +162,16 @@ class CellBuilder:
         """The same construction a second time: the whole trajectory, regenerated."""
         self.dec.path = LIVE_REPLICA.name
         rep = trajectory(self.dec, prompt, self.item_set.max_new_tokens, rule, self.decode)
+        c = Continuation(rep.generated, rep.state_fp or "", "", None, False)
         if rep.boundary == boundary and rep.reason is None:
-            c = self.labelled(rec, rep.suffix, rep.state_fp or "", rep.logits_fp or "", (), rep.generated[: rep.boundary])
-        else:
-            c = Continuation(rep.generated, rep.state_fp or "", "", None, False)
+            c = self.labelled(rec, rep.suffix, rep.state_fp or "", rep.logits_fp or "", (),
+                              rep.generated[: rep.boundary])
         rec.constructions[LIVE_REPLICA.name] = c
 
     def constructions(self, rec: CellRecord, prompt: tuple[int, ...], head: list[int], last: int, budget: int,
                       live_state: Any, index: int | None = None) -> Any:
-        """Every construction the pipeline declares for the item at ``index`` (:func:`pytest_kvaudit.core.model.pipeline.constructions`);
-        returns the boundary state kept for the anatomy and the transplants (prefill's)."""
+        """Every construction :func:`~pytest_kvaudit.core.model.pipeline.constructions` declares for an item
+        (``index``: its place); returns the boundary state kept for the anatomy and the transplants (prefill's)."""
         kept = None
         for step in constructions(self.cfg, index):
             against = live_state if step.bridge and rec.unsupported is None else None

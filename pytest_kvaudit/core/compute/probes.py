@@ -70,7 +70,8 @@ def attention_axis(store: ProbeStore, dtype: str, attn: str) -> None:
         state = dec.build_state(head, [len(head)])
         fp = kv.fingerprint(state)
         suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
-        rec.probes.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp, "suffix_equal": suffix == tr.suffix,
+        rec.probes.axes[attn] = {"eligible": True, "state_equal": fp == tr.state_fp,
+                                 "suffix_equal": suffix == tr.suffix,
                                  "same_trajectory_as_primary": tr.generated == rec.generated,
                                  "tokens": dec.cost.forward_tokens - t0}
 
@@ -97,13 +98,15 @@ def cache_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
         dec.stop = stopper(iset, partial(token_text, h.tokenizer))
         t0 = dec.cost.forward_tokens
         dec.path = f"cache:{kind}:live"
-        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule, partial(token_text, h.tokenizer), keep_state=True)
+        tr = trajectory(dec, rec.prompt_ids, iset.max_new_tokens, rule, partial(token_text, h.tokenizer),
+                        keep_state=True)
         if tr.reason is not None:
             rec.probes.cache[kind] = {"eligible": False, "reason": tr.reason, "tokens": dec.cost.forward_tokens - t0}
             continue
         head, last = list(tr.prefix[:-1]), tr.prefix[-1]
         budget = iset.max_new_tokens - (tr.boundary or 0)
-        out: dict[str, Any] = {"eligible": True, "state_equals_dynamic": tr.state_fp == rec.constructions["live"].state_fp,
+        out: dict[str, Any] = {"eligible": True,
+                               "state_equals_dynamic": tr.state_fp == rec.constructions["live"].state_fp,
                                "suffix_equals_dynamic": tr.suffix == rec.constructions["live"].suffix}
         kept = None
         for name in ("prefill", "incremental"):
@@ -180,7 +183,8 @@ def batch_invariance(store: ProbeStore, dec: Decoder, h: Backend, dtype: str) ->
             continue
         head = list(rec.prefix[:-1])
         others = [o for j in range(1, b)
-                  if not surely_too_long(o := all_items[(index[item.id] + j) % len(all_items)], per_token, h.max_positions)]
+                  if not surely_too_long(o := all_items[(index[item.id] + j) % len(all_items)], per_token,
+                                         h.max_positions)]
         other_rows = [list(prompt_ids(o, h.tokenizer, store.cfg.chat_template, store.cfg.model)) for o in others]
         rows = [head] + [r for r in other_rows if h.max_positions is None or len(r) <= h.max_positions]
         if len(rows) < 2:  # every other prompt is too long to share a batch with
@@ -212,7 +216,8 @@ def attention_price(prompt: int, head: int, suffix: int, generated: int) -> Pric
 def cache_price(prompt: int, head: int, suffix: int, generated: int) -> Price:
     """:func:`cache_axis` on one eligible unit: its own trajectory, the prefill and the incremental replay with
     their suffixes, and the transplant's continuation."""
-    return [LIVE.price(prompt, generated), *(step_named(n).price(prompt, head, suffix) for n in ("prefill", "incremental")),
+    return [LIVE.price(prompt, generated), *(step_named(n).price(prompt, head, suffix) for n in ("prefill",
+                                                                                                 "incremental")),
             (suffix, suffix)]
 
 

@@ -33,7 +33,8 @@ class Tally:
         f = self.fraction
         # the first cells carry the model load and one-time kernel set-up: a time left drawn from them alone
         # reads ten times too long, so it waits for a few percent of the work
-        left = f"~{self.seconds * (1 - f) / f:.0f}s left" if f >= EARLIEST or f == 1 else "time left after a few more items"
+        left = (f"~{self.seconds * (1 - f) / f:.0f}s left" if f >= EARLIEST or f == 1
+                else "time left after a few more items")
         return f"kvaudit: items done {per}; {rate:,.0f} tokens/s; {left}"
 
     @classmethod

@@ -67,7 +67,8 @@ class Store:
         self.computed = False
         self.missing: list[str] = []  # items whose shard never arrived (a crashed xdist worker)
         self.stages: dict[str, float] = {}  # seconds per precision: model load, its cells and probes
-        self.plan: dict[str, Any] = {}  # what the run intended, priced before it ran (:mod:`pytest_kvaudit.core.planning.plan`)
+        #: what the run intended, priced before it ran (:mod:`pytest_kvaudit.core.planning.plan`)
+        self.plan: dict[str, Any] = {}
         self._handles: dict[str, Backend] = {}
 
     @classmethod
@@ -112,18 +113,7 @@ class Store:
         for phase, dtype in enumerate(self.cfg.dtypes):
             t_stage = time.perf_counter()
             h = self.handle(dtype)
-            if not self.identity:
-                self.identity = dict(h.identity)
-                if Path(self.cfg.model).resolve() == EMBEDDED_DIR.resolve():
-                    self.identity["id"] = "embedded"
-                self.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
-                                                            "backend": self.cfg.backend}
-            self.environment.setdefault("dtypes", []).append(dtype)
-            for key, value in getattr(h, "environment", {}).items():  # an engine's own facts, per precision where keyed
-                if isinstance(value, dict):
-                    self.environment.setdefault(key, {}).update(value)
-                else:
-                    self.environment.setdefault(key, value)
+            learn_engine(self, h, dtype)
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)
@@ -143,15 +133,13 @@ class Store:
                 granted += bool(rec.whole_transplants())
                 self.records[(item.id, dtype)] = rec
                 if queue is not None:
-                    queue.done(phase, j, bool(rec.whole_transplants()), fixed_prefix.get(item.id) if phase == 0 else None)
+                    queue.done(phase, j, bool(rec.whole_transplants()), fixed_prefix.get(item.id) if phase == 0
+                               else None)
                 tally.done[dtype] = tally.done.get(dtype, 0) + 1
                 tally.tokens, tally.seconds = self.cost.forward_tokens, time.perf_counter() - t0
                 if progress is not None:
                     progress(tally)
-            probes.batch_invariance(self, dec, h, dtype)
-            cache_probe = engine(self.cfg.backend).cache_probe or probes.cache_probe
-            for kind in self.cfg.cache_axes:  # before the attention axes, which load other models
-                cache_probe(self, h, dtype, kind)
+            probe(self, dec, h, dtype)
             # one model resident at a time: these hold the model, and the next handle() can free only what
             # nothing else references (else two are in memory while the next one loads)
             if builder.layer_kinds and "layer_kinds" not in self.identity:  # the report names each layer's kind
@@ -196,6 +184,32 @@ class Store:
             "stages": self.stages,
             "plan": self.plan,
         }
+
+
+def learn_engine(store: Store, h: Backend, dtype: str) -> None:
+    """The model's identity and the environment, from the first precision's engine; each engine's own facts
+    (per precision where keyed)."""
+    if not store.identity:
+        store.identity = dict(h.identity)
+        if Path(store.cfg.model).resolve() == EMBEDDED_DIR.resolve():
+            store.identity["id"] = "embedded"
+        store.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
+                                                     "backend": store.cfg.backend}
+    store.environment.setdefault("dtypes", []).append(dtype)
+    for key, value in getattr(h, "environment", {}).items():
+        if isinstance(value, dict):
+            store.environment.setdefault(key, {}).update(value)
+        else:
+            store.environment.setdefault(key, value)
+
+
+def probe(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:
+    """The probes on the precision's loaded model: batch invariance, then the cache axes (before the attention
+    axes, which load other models)."""
+    probes.batch_invariance(store, dec, h, dtype)
+    cache_probe = engine(store.cfg.backend).cache_probe or probes.cache_probe
+    for kind in store.cfg.cache_axes:
+        cache_probe(store, h, dtype, kind)
 
 
 def taken(items: Sequence[Item], phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:

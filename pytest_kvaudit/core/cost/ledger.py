@@ -26,7 +26,8 @@ MODEL_FIELDS = ("architecture", "num_layers", "weights_digest", "config_digest")
 #: ledger recorded before either existed still reads)
 CONFIG_FIELDS = ("boundary", "max_new_tokens", "answer_regex", "dtypes", "stop_regex", "exact_items")
 #: environment fields that decide bit-exactness: a full audit refuses when any differs
-ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa", "attn_implementation",
+ENV_FIELDS = ("torch", "transformers", "cuda", "device", "device_name", "cpu_capability", "cpu_isa",
+              "attn_implementation",
               "num_threads", "deterministic_algorithms", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision")
 TOKEN_FIELDS = ("generated", "boundary", "reason", "prompt_ids_digest")
 CONTINUATION_TOKEN_FIELDS = ("suffix", "label")
@@ -49,6 +50,13 @@ def slug(model_id: str) -> str:
             return "embedded"
         return re.sub(r"[^\w.-]+", "-", name) or "model"
     return re.sub(r"[^\w.-]+", "-", model_id.replace("/", "--"))
+
+
+def snapshot_folder(snapshots: str | Path | None, model_id: str) -> Path:
+    """A model's folder of recorded runs, ``<snapshots>/<slug>/`` (``--kvaudit-snapshots``, default
+    ``snapshots``): its ledger (``test_ledger_audit/test_ledger_audit.json``) and its ``report.json``. The one
+    place that spells the layout."""
+    return Path(snapshots or "snapshots") / slug(model_id)
 
 
 def _cont(c: Any) -> dict[str, Any]:
@@ -110,8 +118,10 @@ def parse(text: str, where: str) -> dict[str, Any]:
             f"ledger {where} is not valid JSON (line {exc.lineno}: {exc.msg}): truncated or edited by hand? "
             "restore it from git or re-record with --snapshot-update"
         ) from None
-    if not isinstance(doc, dict) or doc.get("kvaudit_ledger") != LEDGER_VERSION or not isinstance(doc.get("units"), dict):
-        raise KvauditError(f"ledger {where} is not a kvaudit ledger (version {LEDGER_VERSION}): re-record with --snapshot-update")
+    if (not isinstance(doc, dict) or doc.get("kvaudit_ledger") != LEDGER_VERSION
+            or not isinstance(doc.get("units"), dict)):
+        raise KvauditError(f"ledger {where} is not a kvaudit ledger (version {LEDGER_VERSION}): re-record with "
+                           "--snapshot-update")
     for key in ("model", "environment", "config"):
         if not isinstance(doc.get(key), dict):
             raise KvauditError(f"ledger {where} lacks its '{key}' block: re-record with --snapshot-update")

@@ -2,8 +2,9 @@
 
 A run's work per item and precision follows from its config and three lengths: the prompt ``P``, the
 boundary ``b`` (generated tokens inside the prefix) and the suffix ``S``, with ``b + S <= M`` (the item
-set's ``max_new_tokens``). Every cell step is priced by its declaration (:class:`pytest_kvaudit.core.model.pipeline.Step`), the
-transplants and the probes by theirs (:mod:`pytest_kvaudit.core.compute.transplants`,
+set's ``max_new_tokens``). Every cell step is priced by its declaration
+(:class:`pytest_kvaudit.core.model.pipeline.Step`), the transplants and the probes by theirs
+(:mod:`pytest_kvaudit.core.compute.transplants`,
 :mod:`pytest_kvaudit.core.compute.probes`); the plan adds them up per unit
 (:func:`pytest_kvaudit.core.planning.unit_work.work`):
 

@@ -135,7 +135,8 @@ def builtin_item_set(n: int | None = None, name: str = BUILTIN_DEFAULT) -> ItemS
     """
     name = name.strip("<>")
     if name not in BUILTIN_SETS:
-        raise KvauditError(f"--kvaudit-items={name}: no such built-in item set; built-in sets: {', '.join(BUILTIN_SETS)}")
+        raise KvauditError(f"--kvaudit-items={name}: no such built-in item set; built-in sets: "
+                           f"{', '.join(BUILTIN_SETS)}")
     spec = BUILTIN_SETS[name]
     count = spec.size if n is None else n
     if count < 1:

@@ -17,7 +17,7 @@ from pytest_kvaudit.core.model import cache_kinds as lossy
 from pytest_kvaudit.core.model.cache_kinds import known_kind
 from pytest_kvaudit.core.model.engines import check_cache_kinds, lacks
 from pytest_kvaudit.core.model.pipeline import computes
-from pytest_kvaudit.core.model.precisions import low_precision, parse_dtypes  # noqa: F401  (options and scripts read it here)
+from pytest_kvaudit.core.model.precisions import low_precision, parse_dtypes  # noqa: F401 (options read it here)
 from pytest_kvaudit.core.model.schedules import extra_constructions
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # pytest_kvaudit/, this file being in core/model/
@@ -74,7 +74,8 @@ def parse_engine_args(pairs: Iterable[str], source: str = "--kvaudit-engine-arg"
         if not eq or not key.isidentifier() or not val.strip():
             raise KvauditError(f"{source} {p!r}: give KEY=VALUE, e.g. block_size=16 or enable_chunked_prefill=true")
         if key in out:
-            raise KvauditError(f"{source}: {key} is given twice ({key}={out[key]} and {key}={val.strip()}); give it once")
+            raise KvauditError(f"{source}: {key} is given twice ({key}={out[key]} and {key}={val.strip()}); give it "
+                               "once")
         out[key] = val.strip()
     return tuple(sorted(out.items()))
 

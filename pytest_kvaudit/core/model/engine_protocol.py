@@ -1,9 +1,9 @@
 """What the audit needs of a model engine, as a ``Protocol`` (compare pytest-xdist's ``scheduler/protocol.py``).
 
-A backend is one model loaded at one precision with its identity. The decoder (:mod:`pytest_kvaudit.core.runtime.decoder`) counts
-every forward and applies the fault hooks around these calls, so a backend only runs them; the state it
-hands out is whatever the engine keeps between forwards (transformers' ``Cache``), and the state adapters
-(:mod:`pytest_kvaudit.core.runtime.state`) are what read it.
+A backend is one model loaded at one precision with its identity. The decoder
+(:mod:`pytest_kvaudit.core.runtime.decoder`) counts every forward and applies the fault hooks around these calls, so a
+backend only runs them; the state it hands out is whatever the engine keeps between forwards (transformers' ``Cache``),
+and the state adapters (:mod:`pytest_kvaudit.core.runtime.state`) are what read it.
 """
 
 from __future__ import annotations

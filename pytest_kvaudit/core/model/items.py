@@ -44,8 +44,9 @@ class ItemSet:
     #: where a suffix ends before its budget (like a stop string): decoding after the boundary stops at the first
     #: token after which the suffix's text matches this regex; None decodes to the budget or EOS (:func:`stopper`)
     stop_regex: str | None = None
-    #: the report's ``items.chat_template`` block as the run resolved it (:func:`pytest_kvaudit.core.runtime.chat.report_block`); a
-    #: merge reads it from the shards' partials, since its own options may not say what the shards asked
+    #: the report's ``items.chat_template`` block as the run resolved it
+    #: (:func:`pytest_kvaudit.core.runtime.chat.report_block`); a merge reads it from the shards' partials, since its
+    #: own options may not say what the shards asked
     chat: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -100,7 +101,8 @@ def parse_lines(text: str, path: Path) -> list[Item]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise KvauditError(f"{_where(path, lineno)}: not valid JSON ({exc.msg}); each line must be one item object") from None
+            raise KvauditError(f"{_where(path, lineno)}: not valid JSON ({exc.msg}); each line must be one item "
+                               "object") from None
         item = parse_item(obj, path, lineno)
         if item.id in seen:
             raise KvauditError(f"{_where(path, lineno)}: duplicate item id {item.id!r} (first on line {seen[item.id]})")

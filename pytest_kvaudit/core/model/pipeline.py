@@ -1,9 +1,9 @@
 """The cell's steps, declared once: what each one computes, how it is priced, and which group it belongs to.
 
-A cell (one item at one precision) is a fixed sequence of steps. :class:`~pytest_kvaudit.core.compute.cells.CellBuilder` runs them,
-:mod:`pytest_kvaudit.core.cost.pricing` prices them (the plan's bound, a run's records, a recorded ledger) and the claims' ``needs``
-(:mod:`pytest_kvaudit.claims.needs`) name the groups they read, all from the declarations below, so a new
-construction is one registered schedule (:func:`.schedules.register_schedule`) and nothing else.
+A cell (one item at one precision) is a fixed sequence of steps. :class:`~pytest_kvaudit.core.compute.cells.CellBuilder`
+runs them, :mod:`pytest_kvaudit.core.cost.pricing` prices them (the plan's bound, a run's records, a recorded ledger)
+and the claims' ``needs`` (:mod:`pytest_kvaudit.claims.needs`) name the groups they read, all from the declarations
+below, so a new construction is one registered schedule (:func:`.schedules.register_schedule`) and nothing else.
 
 The kinds of step and their price in forward calls and tokens, with ``P`` the prompt, ``G`` the generated
 tokens, ``H`` the ids before the prefix's last (``P + b - 1``) and ``S`` the suffix:
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pytest_kvaudit.core.model.engines import ANALYSES, CAPABILITIES, engine, lacks  # noqa: F401  (read here by claims, options)
+from pytest_kvaudit.core.model.engines import ANALYSES, CAPABILITIES, engine, lacks  # noqa: F401 (claims read)
 from pytest_kvaudit.core.model.schedules import extra_constructions, runs_forwards, schedule
 
 
@@ -99,7 +99,8 @@ class Step:
 LIVE = Step("live", "trajectory", TRAJECTORY)
 LIVE_REPLICA = Step("live" + REPLICA, "replicas", TRAJECTORY)
 #: the 2x2's own cells on the first precision's prefix ids (``CellRecord.fixed["replay"|"prefill"]``)
-FIXED = (Step("fixed:replay", "fixed", CONSTRUCTION, "incremental"), Step("fixed:prefill", "fixed", CONSTRUCTION, "prefill"))
+FIXED = (Step("fixed:replay", "fixed", CONSTRUCTION, "incremental"), Step("fixed:prefill", "fixed", CONSTRUCTION,
+                                                                          "prefill"))
 #: a transplant's continuation; its controls' (sham, identical layers); the layer sweep's
 TRANSPLANT = Step("transplant", "transplants", CONTINUATION)
 CONTROL = Step("control", "controls", CONTINUATION)

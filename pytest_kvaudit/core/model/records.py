@@ -182,7 +182,8 @@ class CellRecord:
         d["constructions"] = {k: _cont(v) for k, v in d["constructions"].items()}
         d["fixed"] = {k: _cont(v) for k, v in d["fixed"].items()}
         d["transplants"] = [
-            Transplant(**{**t, "suffix": tuple(t["suffix"]), "layers": None if t["layers"] is None else tuple(t["layers"]),
+            Transplant(**{**t, "suffix": tuple(t["suffix"]), "layers": None if t["layers"] is None
+                          else tuple(t["layers"]),
                           "margins": tuple(t.get("margins", ()))})
             for t in d["transplants"]
         ]

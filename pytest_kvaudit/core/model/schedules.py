@@ -34,11 +34,12 @@ _LOADED: set[str] = set()
 _NAME = re.compile(r"([a-z_][a-z0-9_]*)(?:\((\d+)\))?")
 
 
-def register_schedule(name: str, *, every_cell: bool = True, forwards: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
+def register_schedule(name: str, *, every_cell: bool = True, forwards: bool = True) -> Callable[[ScheduleFn],
+                                                                                                ScheduleFn]:
     """Register ``fn`` as the chunk schedule ``name``; with ``every_cell`` (the default) every cell computes
     it as a construction. The built-in entries pass ``every_cell=False``: the pipeline gives them their roles,
-    and so do a backend's own constructions (:mod:`pytest_kvaudit.core.model.engine_constructions`). ``forwards=False``: the
-    state is loaded, not computed, and is priced as no forward."""
+    and so do a backend's own constructions (:mod:`pytest_kvaudit.core.model.engine_constructions`). ``forwards=False``:
+    the state is loaded, not computed, and is priced as no forward."""
     if not _NAME.fullmatch(name) or "(" in name:
         raise KvauditError(f"schedule name {name!r}: use lowercase letters, digits and _ (an argument goes in the "
                            "construction's name, as chunked(4), not in the schedule's)")
@@ -85,7 +86,8 @@ def schedule(construction: str, prompt_len: int, length: int) -> list[int]:
     arg = int(m.group(2)) if m.group(2) is not None else None
     chunks = _SCHEDULES[m.group(1)](prompt_len, length, arg)
     if sum(chunks) != length or any(c < 1 for c in chunks):
-        raise KvauditError(f"construction {construction!r} gave the schedule {chunks}, not positive chunks summing to {length}")
+        raise KvauditError(f"construction {construction!r} gave the schedule {chunks}, not positive chunks summing to "
+                           f"{length}")
     return chunks
 
 

@@ -31,7 +31,8 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     except KvauditError as exc:
         return out | {"why": str(exc)}
     current = {"model": dict(identity), "environment": dict(env),  # cfg.stop_regex: the item set's, resolved
-               "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"), "max_new_tokens": doc["config"].get("max_new_tokens"),
+               "config": {"stop_regex": cfg.stop_regex, "boundary": doc["config"].get("boundary"),
+                          "max_new_tokens": doc["config"].get("max_new_tokens"),
                           "answer_regex": doc["config"].get("answer_regex"), "dtypes": list(cfg.dtypes),
                           "exact_items": cfg.exact_items}}
     diffs = L.identity_differences(doc, current, tokens_only=True)
@@ -68,4 +69,5 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
              and engine(cfg.backend).request_price is None)
     return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
                   "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
-                  "why": None if not missing else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
+                  "why": None if not missing
+                  else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}

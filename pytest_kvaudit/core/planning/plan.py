@@ -23,6 +23,7 @@ calibration.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,13 +129,81 @@ def memory(shape: Mapping[str, int], positions: int, dtypes: Sequence[str], batc
                      f"bytes x 2 (K, V) x {alive} caches alive"}
 
 
-def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], ledger: Path | None,
-              workers: int = 1, sample: int = SAMPLE, inapplicable: Mapping[str, str | None] = {},
-              strict: Mapping[str, StrictFn] = {}) -> dict[str, Any]:
-    """The plan of ``store``'s run over its whole item set (every shard), after a short calibration: ``least``
-    is what each selected claim needs to decide (``Claim.least_evidence``), ``ledger`` the recorded ledger of
-    this model, if any, whose lengths predict the run; ``inapplicable`` why a claim cannot run here, and
-    ``strict`` each claim's further needs at given rates (:meth:`Claim.strict_needs`), for its strict n."""
+@dataclass(frozen=True)
+class ClaimAsks:
+    """What the run's selected claims ask of the plan: ``least``, what each needs to decide
+    (``Claim.least_evidence``); ``inapplicable``, why a claim cannot run here; ``strict``, each claim's further
+    needs at given rates (:meth:`Claim.strict_needs`), for its strict n."""
+
+    least: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
+    inapplicable: Mapping[str, str | None] = field(default_factory=dict)
+    strict: Mapping[str, StrictFn] = field(default_factory=dict)
+
+    def verdicts(self, cfg: AuditConfig, have: Mapping[str, Any], lens: Mapping[str, Sequence[Lengths]],
+                 ) -> dict[str, dict[str, Any]]:
+        """Per claim: whether the run's evidence decides it, and what n a strict gate needs of it."""
+        return {name: {**decides(needs, have, self.inapplicable.get(name)),
+                       "strict": strict_plan(needs, lens, cfg, self.strict.get(name))}
+                for name, needs in self.least.items()}
+
+
+def prompt_lengths(store: Store) -> dict[str, int | None]:
+    """Item -> prompt length, None where the item is too long to run (its prompt and budget past the window)."""
+    cfg, iset = store.cfg, store.item_set
+    h = store.handle(cfg.primary_dtype)
+    m = iset.max_new_tokens
+    per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
+    out: dict[str, int | None] = {}
+    for it in iset.items:
+        p = None if surely_too_long(it, per_token, h.max_positions) else len(
+            prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model))
+        out[it.id] = p if p is not None and (h.max_positions is None or p + m <= h.max_positions) else None
+    return out
+
+
+def seconds_parts(by: Mapping[str, Mapping[str, list[int]]], cal: Mapping[str, Any]) -> tuple[float, float]:
+    """(model loads, computation on one worker) in seconds: each worker loads every precision's model once, the
+    computation divides over the workers."""
+    load = compute = 0.0
+    for d, steps in by.items():
+        c = cal["dtypes"].get(d, {})
+        compute += sum(a[1] for a in steps.values()) * c.get("per_call_s", 0.0) + sum(
+            a[2] for a in steps.values()) * c.get("per_token_s", 0.0)
+        load += c.get("load_s", 0.0)
+    return load, compute
+
+
+def prediction(recorded: dict[str, Any], exp: dict[str, dict[str, list[int]]], sample: int,
+               ) -> tuple[dict[str, dict[str, list[int]]] | None, str | None]:
+    """The predicted work and its basis: the recorded ledger's lengths where one applies (exact in the
+    environment that recorded it), else the calibration's expectation (--kvaudit-plan), else none (a normal run
+    has only the bound). Takes the ledger's steps out of ``recorded``."""
+    if recorded["usable"]:
+        differences = "; ".join(recorded["environment_differences"]
+                                or ["axes or old transplant records priced by the model"])
+        exact = ": exact, a run here reproduces them" if recorded["exact"] else f" (an estimate: {differences})"
+        return recorded.pop("steps"), f"the lengths recorded in the ledger {recorded['path']}{exact}"
+    recorded.pop("steps", None)
+    if not sample:
+        return None, None
+    return exp, f"the calibration sample ({sample} items per precision), scaled"
+
+
+def steps_block(most: Mapping[str, Mapping[str, list[int]]], exp: Mapping[str, Mapping[str, list[int]]],
+                predicted: Mapping[str, Mapping[str, list[int]]] | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per precision and step: its cells, and its forward calls and tokens at most, expected and predicted."""
+    return {d: {k: {"cells": a[0], "forward_calls": a[1], "forward_tokens": a[2],
+                    "forward_tokens_expected": exp.get(d, {}).get(k, [0, 0, 0])[2],
+                    "forward_tokens_predicted": None if predicted is None else
+                    predicted.get(d, {}).get(k, [0, 0, 0])[2]}
+                for k, a in steps.items()} for d, steps in most.items()}
+
+
+def make_plan(store: Store, asks: ClaimAsks, ledger: Path | None = None, workers: int = 1,
+              sample: int = SAMPLE) -> dict[str, Any]:
+    """The plan of ``store``'s run over its whole item set (every shard), after a short calibration, for what the
+    selected claims ask (``asks``); ``ledger`` is the recorded ledger of this model, if any, whose lengths
+    predict the run."""
     cfg, iset = store.cfg, store.item_set
     # a sample of 0 (what a normal run's report block uses) runs no calibration at all: every trajectory of
     # a run is computed once, by the store, so the plan there is the bound and the memory, priced after
@@ -142,77 +211,40 @@ def make_plan(store: Store, least: Mapping[str, Mapping[str, float | None]], led
     cal: dict[str, Any] = (calibrate(store, sample) if sample else
                            {"sample": 0, "dtypes": {}, "seconds": 0.0, "forward_tokens": 0})
     h = store.handle(cfg.primary_dtype)
-    shape = h.shape()
-    m = iset.max_new_tokens
-    per_token = chars_per_token(h.tokenizer) if h.max_positions is not None else None
-    prompt_of: dict[str, int | None] = {}  # item -> prompt length, None where the item is too long to run
-    for it in iset.items:
-        p = None if surely_too_long(it, per_token, h.max_positions) else len(
-            prompt_ids(it, h.tokenizer, cfg.chat_template, cfg.model))
-        prompt_of[it.id] = p if p is not None and (h.max_positions is None or p + m <= h.max_positions) else None
+    shape, m = h.shape(), iset.max_new_tokens
+    prompt_of = prompt_lengths(store)
     prompts = [p for p in prompt_of.values() if p is not None]
     env = environment(h.device) | {"attn_implementation": h.attn_implementation}
     # the ledger's lengths price this run only under the same stop rule (the item set's, as resolved)
-    recorded = ledger_prediction(cfg.replace(stop_regex=iset.stop_regex), ledger, h.identity, env, prompt_of, shape["layers"])
+    recorded = ledger_prediction(cfg.replace(stop_regex=iset.stop_regex), ledger, h.identity, env, prompt_of,
+                                 shape["layers"])
     lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"],
                         m - r["boundary"]) for r in c["items"]] for d, c in cal["dtypes"].items()}
     most = bound(prompts, cfg, m, shape["layers"], bool(shape["recurrent"]))
     exp = expected(prompts, lens, cfg, shape["layers"]) if sample else {}
     calls_b, tokens_b = sums(most)
     calls_e, tokens_e = sums(exp)
-
-    def parts(by: Mapping[str, Mapping[str, list[int]]]) -> tuple[float, float]:
-        """(model loads, computation on one worker) in seconds: each worker loads every precision's model once,
-        the computation divides over the workers."""
-        load = compute = 0.0
-        for d, steps in by.items():
-            c = cal["dtypes"].get(d, {})
-            compute += sum(a[1] for a in steps.values()) * c.get("per_call_s", 0.0) + sum(
-                a[2] for a in steps.values()) * c.get("per_token_s", 0.0)
-            load += c.get("load_s", 0.0)
-        return load, compute
-
-    def seconds(by: Mapping[str, Mapping[str, list[int]]]) -> float:
-        return at_workers(parts(by), workers)
-
-    # the prediction: the recorded ledger's lengths where one applies (exact in the environment that recorded
-    # it), else the calibration's expectation (--kvaudit-plan), else none (a normal run has only the bound)
-    if recorded["usable"]:
-        predicted: dict[str, dict[str, list[int]]] | None = recorded.pop("steps")
-        basis: str | None = (f"the lengths recorded in the ledger {recorded['path']}"
-                 + (": exact, a run here reproduces them" if recorded["exact"] else " (an estimate: "
-                    + "; ".join(recorded["environment_differences"] or ["axes or old transplant records priced by the model"])
-                    + ")"))
-    else:
-        recorded.pop("steps", None)
-        predicted = exp if sample else None
-        basis = f"the calibration sample ({sample} items per precision), scaled" if sample else None
+    predicted, basis = prediction(recorded, exp, sample)
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
-    have = evidence(cfg, len(prompts), lens)
-    verdicts = {name: {**decides(needs, have, inapplicable.get(name)),
-                       "strict": strict_plan(needs, lens, cfg, strict.get(name))}
-                for name, needs in least.items()}
+    timed = seconds_parts(predicted, cal) if sample and predicted is not None else None
+    bound_words = BOUND_WORDS if cfg.computes("transplants") else BOUND_WORDS.split(", every item divergent")[0]
     return {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),
         "max_new_tokens": m, "workers": workers, "model": shape,
         "cells": {d: {k: a[0] for k, a in steps.items()} for d, steps in most.items()},
-        "steps": {d: {k: {"cells": a[0], "forward_calls": a[1], "forward_tokens": a[2],
-                          "forward_tokens_expected": exp.get(d, {}).get(k, [0, 0, 0])[2],
-                          "forward_tokens_predicted": None if predicted is None else
-                          predicted.get(d, {}).get(k, [0, 0, 0])[2]}
-                      for k, a in steps.items()} for d, steps in most.items()},
-        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": BOUND_WORDS if cfg.computes("transplants") else BOUND_WORDS.split(", every item divergent")[0],
+        "steps": steps_block(most, exp, predicted),
+        "forward_calls": calls_b, "forward_tokens": tokens_b, "bound": bound_words,
         "forward_calls_expected": calls_e if sample else None, "forward_tokens_expected": tokens_e if sample else None,
         "expected_basis": f"the lengths, eligibility and divergence of the first {sample} items at each precision, "
                           f"scaled to {len(prompts)} items",
         "forward_tokens_predicted": tokens_p, "forward_calls_predicted": calls_p, "predicted_basis": basis,
         "ledger": recorded,
-        "seconds_expected": seconds(predicted) if sample and predicted is not None else None,
-        "seconds_parts": parts(predicted) if sample and predicted is not None else None,
-        "seconds_bound": seconds(most) if sample else None,
+        "seconds_expected": at_workers(timed, workers) if timed is not None else None,
+        "seconds_parts": timed,
+        "seconds_bound": at_workers(seconds_parts(most, cal), workers) if sample else None,
         "memory": memory(shape, max(prompts, default=0) + m, cfg.dtypes, cfg.batch_size),
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
-        "claims": verdicts,
+        "claims": asks.verdicts(cfg, evidence(cfg, len(prompts), lens), lens),
         "work": None if cfg.work is None else list(cfg.work),
     }

@@ -42,8 +42,10 @@ def parse_mode(text: str, where: str = FLAG) -> bool | None:
     if key in _INI_WORDS:
         return _INI_WORDS[key]
     # the bare flag takes the next word as its value: a test path after it lands here
-    after = f" (the bare flag took {text!r} as its value: write {FLAG}=on before test paths)" if Path(text).exists() else ""
-    raise KvauditError(f"{where}={text!r}: use auto (the default: the template when the checkpoint ships one), on or off"
+    after = (f" (the bare flag took {text!r} as its value: write {FLAG}=on before test paths)" if Path(text).exists()
+             else "")
+    raise KvauditError(f"{where}={text!r}: use auto (the default: the template when the checkpoint ships one), on or "
+                       "off"
                        + after)
 
 
@@ -132,9 +134,11 @@ def _to_ids(out: Any, where: str) -> tuple[int, ...]:
         out = out["input_ids"]
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()
-    if isinstance(out, (list, tuple)) and out and (isinstance(out[0], (list, tuple)) or getattr(out[0], "ndim", 0) >= 1):
+    if isinstance(out, (list, tuple)) and out and (isinstance(out[0], (list, tuple))
+                                                   or getattr(out[0], "ndim", 0) >= 1):
         if len(out) != 1:
-            raise KvauditError(f"{FLAG}: the chat template of {where} returned a batch of {len(out)}, expected one prompt")
+            raise KvauditError(f"{FLAG}: the chat template of {where} returned a batch of {len(out)}, expected one "
+                               "prompt")
         out = out[0]
         if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
             out = out.tolist()

@@ -71,7 +71,8 @@ class Decoder:
         self.path = ""  # what is being computed, for the fault hooks
         #: the layout of every fresh cache: dynamic, or static preallocated to ``max_cache_len`` positions
         self.cache_kind, self.max_cache_len = cache_kind, max_cache_len
-        #: the item set's stop rule over a suffix's ids (:func:`pytest_kvaudit.core.model.items.stopper`): a suffix ends at its first match
+        #: the item set's stop rule over a suffix's ids (:func:`pytest_kvaudit.core.model.items.stopper`): a suffix ends
+        #: at its first match
         self.stop: Callable[[Sequence[int]], bool] | None = None
 
     def step(self, ids: Sequence[int], cache: Any) -> Any:
@@ -153,7 +154,8 @@ class _LogitsDigest:
 
 
 def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
-                    margins: list[float] | None = None, follow: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], str]:
+                    margins: list[float] | None = None, follow: tuple[int, ...] | None = None) -> tuple[tuple[int, ...],
+                                                                                                        str]:
     """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS.
 
     Returns the suffix and the digest of every logits vector on the way; ``margins`` (when given)

@@ -37,7 +37,8 @@ def resolve_device(spec: str) -> str:
         return "cpu"
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise KvauditError(f"--kvaudit-device={spec} but torch sees no CUDA device: use --kvaudit-device=cpu or auto")
+            raise KvauditError(f"--kvaudit-device={spec} but torch sees no CUDA device: use --kvaudit-device=cpu or "
+                               "auto")
         idx = int(spec.split(":")[1]) if ":" in spec else 0
         if idx >= torch.cuda.device_count():
             raise KvauditError(
@@ -52,12 +53,14 @@ def check_dtype_supported(dtype: str, device: str) -> None:
 
     tdt = torch_dtype(dtype)
     if device.startswith("cuda") and dtype == "bf16" and not torch.cuda.is_bf16_supported():
-        raise KvauditError(f"{torch.cuda.get_device_name(device)} does not support bf16: use --kvaudit-dtypes=fp16,fp32")
+        raise KvauditError(f"{torch.cuda.get_device_name(device)} does not support bf16: "
+                           "use --kvaudit-dtypes=fp16,fp32")
     try:
         a = torch.ones(4, 4, dtype=tdt, device=device)
         (a @ a).sum().item()
     except (RuntimeError, TypeError) as exc:
-        raise KvauditError(f"device {device} cannot run {dtype} matmuls ({exc}); drop it from --kvaudit-dtypes") from None
+        raise KvauditError(f"device {device} cannot run {dtype} matmuls ({exc}); "
+                           "drop it from --kvaudit-dtypes") from None
 
 
 def environment(device: str) -> dict[str, Any]:

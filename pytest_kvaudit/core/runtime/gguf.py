@@ -21,7 +21,7 @@ from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.runtime.environment import torch_dtype
-from pytest_kvaudit.core.runtime.refusals import check_loading_info
+from pytest_kvaudit.core.runtime.refusals import ready
 
 SUFFIX = ".gguf"
 #: the packages the ``pytest-kvaudit[gguf]`` extra installs: transformers needs both to read a GGUF file
@@ -43,7 +43,8 @@ def gguf_file(path: Path) -> Path | None:
     found = sorted(p for p in path.iterdir() if p.suffix.lower() == SUFFIX and p.is_file())
     if len(found) > 1:
         names = ", ".join(p.name for p in found[:3])
-        raise KvauditError(f"checkpoint {path} holds {len(found)} GGUF files ({names}): pass one as --kvaudit-model=FILE.gguf")
+        raise KvauditError(f"checkpoint {path} holds {len(found)} GGUF files ({names}): pass one as "
+                           "--kvaudit-model=FILE.gguf")
     return found[0] if found else None
 
 
@@ -67,7 +68,8 @@ def read_header(file: Path) -> dict[str, Any]:
     except Exception as exc:  # a truncated or foreign file: gguf's own errors are ValueErrors and struct errors
         raise KvauditError(f"{file} is not a readable GGUF file ({type(exc).__name__}: {str(exc)[:200]}); "
                            "re-download it") from None
-    meta = {k: f.contents() for k, f in reader.fields.items() if len(f.data) == 1 and not k.startswith("tokenizer.ggml.")}
+    meta = {k: f.contents() for k, f in reader.fields.items() if len(f.data) == 1
+            and not k.startswith("tokenizer.ggml.")}
     types = Counter(t.tensor_type.name for t in reader.tensors)
     return {"metadata": meta, "tensor_types": dict(sorted(types.items()))}
 
@@ -152,12 +154,7 @@ def load_model(file: Path, dtype: str, device: str, attn: str | None = None, dev
         raise KvauditError(f"cannot load GGUF file {file} at {dtype}: {first[:300]}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    check_loading_info(file, model, info)
-    if not device_map:
-        model.to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model
+    return ready(file, model, info, device, device_map)
 
 
 def convert(file: Path, out: Path, dtype: str = "fp32") -> Path:

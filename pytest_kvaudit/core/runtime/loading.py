@@ -18,7 +18,7 @@ from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.runtime import gguf
 from pytest_kvaudit.core.runtime.environment import check_dtype_supported, environment, resolve_device, torch_dtype
-from pytest_kvaudit.core.runtime.refusals import check_causal, check_files, check_loading_info, check_vocab, read_json
+from pytest_kvaudit.core.runtime.refusals import check_causal, check_files, check_vocab, read_json, ready
 
 __all__ = ["ModelHandle", "check_dtype_supported", "environment", "model_identity", "open_model", "resolve_checkpoint",
            "resolve_device"]
@@ -158,7 +158,8 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
     cfg = read_config(path)
     if cfg.get("auto_map") and not trust_remote_code and not _known_model_type(cfg.get("model_type")):
         raise KvauditError(
-            f"checkpoint {path} needs custom code (auto_map in config.json): pass --kvaudit-trust-remote-code if you trust it"
+            f"checkpoint {path} needs custom code (auto_map in config.json): pass --kvaudit-trust-remote-code if you "
+            "trust it"
         )
     if cfg.get("is_encoder_decoder") or (cfg.get("text_config") or {}).get("is_encoder_decoder"):
         raise KvauditError(
@@ -186,21 +187,19 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
     except (ValueError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "trust_remote_code" in first:
-            raise KvauditError(f"checkpoint {path} needs custom code: pass --kvaudit-trust-remote-code if you trust it") from None
-        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn else "") + f": {first}") from None
+            raise KvauditError(f"checkpoint {path} needs custom code: pass --kvaudit-trust-remote-code if you "
+                               "trust it") from None
+        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn
+                                                               else "") + f": {first}") from None
     except OSError as exc:
         raise KvauditError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
     except Exception as exc:  # safetensors' and torch's own errors on files that check_files let through
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise KvauditError(f"cannot load {path}: {type(exc).__name__}: {first[:300]}; is the checkpoint complete?") from None
+        raise KvauditError(f"cannot load {path}: {type(exc).__name__}: {first[:300]}; "
+                           "is the checkpoint complete?") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    check_loading_info(path, model, info)
-    if not device_map:
-        model.to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model
+    return ready(path, model, info, device, device_map)
 
 
 def position_limit(model: Any) -> int | None:

@@ -102,7 +102,8 @@ def check_loading_info(path: Path, model: Any, info: dict[str, Any]) -> None:
     if unexpected:
         raise KvauditError(
             f"checkpoint {path} holds {len(unexpected)} weight(s) its config.json does not use, e.g. {unexpected[0]}: "
-            "the config and the weights do not match (a config edited to fewer layers?); use the checkpoint's own config.json"
+            "the config and the weights do not match (a config edited to fewer layers?); use the checkpoint's own "
+            "config.json"
         )
 
 
@@ -188,3 +189,14 @@ def check_vocab(model: Any, tokenizer: Any, path: Path) -> None:
             f"tokenizer of {path} has {n_tok} tokens but the model's embedding has {n_model}: "
             "they come from different checkpoints"
         )
+
+
+def ready(where: Path, model: Any, info: Any, device: str, device_map: str | None) -> Any:
+    """A model transformers just loaded (a checkpoint folder or a GGUF file, ``where``): refused where its loading
+    info names weights it lacks or ignores, then placed on ``device`` (unless a device map placed it) and frozen."""
+    check_loading_info(where, model, info)
+    if not device_map:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model

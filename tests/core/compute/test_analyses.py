@@ -33,7 +33,8 @@ def test_sweep_anatomy_axes_and_html(pytester: pytest.Pytester, tiny_llama: Path
         "def pytest_kvaudit_faults(config):\n    return Faults(state=last_layer)\n\n"
     ))
     rep, page = pytester.path / "r.json", pytester.path / "r.html"
-    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "--kvaudit-chunks=3", "--kvaudit-attn=sdpa,eager",
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=8", "--kvaudit-chunks=3",
+                                        "--kvaudit-attn=sdpa,eager",
                                         "--kvaudit-analyses=batch_invariance",  # no claim reads it: asked for
                                         f"--kvaudit-report={rep}", f"--kvaudit-html={page}", "-p", "no:cacheprovider")
     data = json.loads(rep.read_text())

@@ -54,7 +54,8 @@ def test_the_exact_claims_judge_the_head_and_the_rest_every_item(pytester: pytes
     assert res.ret in (0, 1), res.stdout.str()[-3000:]
     res, head = run(pytester, tiny_llama, "--kvaudit-claims=all", "--kvaudit-exact-items=3", "-n", "2")
     assert res.ret in (0, 1), res.stdout.str()[-3000:]
-    res.stdout.fnmatch_lines(["kvaudit: replicas and the bridge on the first 3 items of the set (--kvaudit-exact-items)*"])
+    res.stdout.fnmatch_lines(["kvaudit: replicas and the bridge on the first 3 items of the set "
+                              "(--kvaudit-exact-items)*"])
     c = head["claims"]
     units = every["claims"]["bridge_bitexact"]["n"] // 8 * 3  # (item, precision) units of the first 3 items
     assert c["bridge_bitexact"]["n"] == units and c["replica_exactness"]["n"] == 2 * units
@@ -69,7 +70,8 @@ def test_the_exact_claims_judge_the_head_and_the_rest_every_item(pytester: pytes
 
 def test_a_broken_replica_or_bridge_in_the_head_still_fails(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     for path, claim in (("prefill:replica", "replica_exactness"), ("incremental", "bridge_bitexact")):
-        setup_suite(pytester, "from pytest_kvaudit.core.runtime.decoder import Faults\n" + faults(logits=NOISE.format(path)),
+        setup_suite(pytester,
+                    "from pytest_kvaudit.core.runtime.decoder import Faults\n" + faults(logits=NOISE.format(path)),
                     LOW_BARS)
         res, data = run(pytester, tiny_llama, f"--kvaudit-claims={claim}", "--kvaudit-exact-items=3")
         assert res.ret == 1, res.stdout.str()[-3000:]
@@ -92,4 +94,5 @@ def test_a_ledger_recorded_with_a_head_is_another_runs(pytester: pytest.Pytester
     assert res.ret == 0 and same["claims"]["ledger_audit"]["status"] == "pass", res.stdout.str()[-3000:]
     res, other = run(pytester, tiny_llama, "--kvaudit-claims=ledger_audit")
     assert res.ret == 1
-    assert "recorded for other settings: config.exact_items recorded 3, now None" in other["claims"]["ledger_audit"]["reason"]
+    reason = other["claims"]["ledger_audit"]["reason"]
+    assert "recorded for other settings: config.exact_items recorded 3, now None" in reason

@@ -43,7 +43,8 @@ def test_bad_stop_regexes_are_one_line_naming_the_fix(tmp_path: Path) -> None:
 
 def _pieces() -> st.SearchStrategy[str]:
     number = st.integers(0, 120).map(str)
-    piece = st.one_of(st.sampled_from([" Mia has 3 apples and buys 8 more, so", " 3 + 8 = 11.", " The answer is ", "Answer: ",
+    piece = st.one_of(st.sampled_from([" Mia has 3 apples and buys 8 more, so", " 3 + 8 = 11.", " The answer is ",
+                                       "Answer: ",
                                        "\n\nQuestion: Tom has 2 pens.", " answer is: ", ".", " ", "\n", "-"]), number)
     return st.lists(piece, max_size=14).map("".join)
 

@@ -66,7 +66,8 @@ def test_record_audit_change_update(pytester: pytest.Pytester, tiny_llama: Path,
     res, c = run(pytester, tiny_llama, *xdist)
     res.assert_outcomes(failed=1)
     assert c["status"] == "fail" and c["k"] == 6 and c["n"] == 12
-    res.stdout.fnmatch_lines(["*ledger_audit FAILED: 6/12 units not reproduced: t00@fp32 (comparison_fp, constructions.prefill.logits_fp*"])
+    res.stdout.fnmatch_lines(["*ledger_audit FAILED: 6/12 units not reproduced: t00@fp32 (comparison_fp, "
+                              "constructions.prefill.logits_fp*"])
     assert path.read_text() == recorded  # a failing audit writes nothing
 
     res, c = run(pytester, tiny_llama, "--snapshot-update", *xdist)
@@ -166,7 +167,8 @@ def test_a_worker_killed_during_an_update_records_nothing(pytester: pytest.Pytes
     assert res.ret != 0 and c.get("status") != "pass"
 
 
-def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path, tmp_path: Path) -> None:
+def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path,
+                                                      tmp_path: Path) -> None:
     setup(pytester)
     run(pytester, tiny_llama, "--snapshot-update")
     other = tmp_path / tiny_llama.name  # same folder name, so the same ledger slug, other weights
@@ -176,8 +178,9 @@ def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester,
     res, c = run(pytester, other)
     res.assert_outcomes(failed=1)
     assert c["status"] == "fail"
-    res.stdout.fnmatch_lines(["*was recorded for another model: model.weights_digest recorded 'sha256:*', now 'sha256:*'"
-                              "; record a ledger for this checkpoint with --snapshot-update*units differ: t00@bf16*"])
+    res.stdout.fnmatch_lines(["*was recorded for another model: model.weights_digest recorded 'sha256:*', now "
+                              "'sha256:*'; record a ledger for this checkpoint with --snapshot-update*units differ: "
+                              "t00@bf16*"])
 
 
 def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest.Pytester, tiny_llama: Path) -> None:
@@ -198,7 +201,8 @@ def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest
     tl = c["figures"]["token_level"]
     assert tl and all(x["trajectories_reproduced"] == x["units"] > 0 and x["suffixes_reproduced"] == x["suffixes"] > 0
                       for x in tl.values())
-    res.stdout.fnmatch_lines(["*token level, comparable across environments: *trajectories and *suffixes token for token*"])
+    res.stdout.fnmatch_lines(["*token level, comparable across environments: *trajectories and *suffixes token for "
+                              "token*"])
     res.stdout.fnmatch_lines(["*recorded in another environment (environment.torch recorded '1.0.0', now '*'), so its "
                               "bits cannot be audited here: re-record it here with --snapshot-update, or audit the "
                               "token-level fields with --kvaudit-ledger-tokens-only*"])

@@ -65,7 +65,8 @@ def test_selected_by_name(tmp_path: Path) -> None:
     _, iset = resolve(AuditConfig(model=str(tmp_path), items="<builtin:arith-v2>"))
     assert item_set_name(iset) == "builtin:arith-v2" and len(iset.items) == 200
     assert is_builtin("builtin:arith-v1") and not is_builtin(str(tmp_path / "items.jsonl")) and not is_builtin(None)
-    with pytest.raises(KvauditError, match=r"no such built-in item set; built-in sets: builtin:arith-v1, builtin:arith-v2"):
+    with pytest.raises(KvauditError,
+                       match=r"no such built-in item set; built-in sets: builtin:arith-v1, builtin:arith-v2"):
         resolve(AuditConfig(model=str(tmp_path), items="builtin:arith-v9"))
 
 

@@ -57,10 +57,12 @@ def test_a_record_that_cannot_run_is_refused_in_one_line() -> None:
 
 
 def test_a_registered_record_is_found_by_name_and_may_replace_an_entry_point() -> None:
-    spec = register_backend(EngineSpec("a-test-engine", _open, constructions=("restore",), lacks=frozenset({"per_layer"})))
+    spec = register_backend(EngineSpec("a-test-engine", _open, constructions=("restore",),
+                                       lacks=frozenset({"per_layer"})))
     try:
         assert engine("a-test-engine") is spec and "a-test-engine" in known()
-        assert engines.lacks("a-test-engine", "per_layer") and engines.backend_constructions("a-test-engine") == ("restore",)
+        assert engines.lacks("a-test-engine",
+                             "per_layer") and engines.backend_constructions("a-test-engine") == ("restore",)
     finally:
         engines._REGISTERED.pop("a-test-engine")
 
@@ -107,5 +109,6 @@ def test_an_install_without_the_entry_points_says_to_reinstall(monkeypatch: pyte
     than 'use' followed by nothing."""
     monkeypatch.setattr(engines, "_REGISTERED", {})
     monkeypatch.setattr(engines, "_entry_points", dict)
-    with pytest.raises(KvauditError, match="no engine is registered under the 'kvaudit.engines' entry points; reinstall"):
+    with pytest.raises(KvauditError,
+                       match="no engine is registered under the 'kvaudit.engines' entry points; reinstall"):
         engines.check("transformers")

@@ -21,7 +21,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_good_set_with_meta(tmp_path: Path) -> None:
-    p = write(tmp_path, '{"id": "a", "prompt": "S12:", "answer": 3}\n\n{"id": "b", "prompt_ids": [1, 2], "answer": "x"}\n')
+    p = write(tmp_path,
+              '{"id": "a", "prompt": "S12:", "answer": 3}\n\n{"id": "b", "prompt_ids": [1, 2], "answer": "x"}\n')
     (tmp_path / "set.meta.json").write_text(json.dumps({"boundary": ";", "answer_regex": r"A(\d+)"}))
     s = load_item_set(p)
     assert [i.id for i in s.items] == ["a", "b"]
@@ -97,7 +98,8 @@ def test_fuzz_any_text_gives_items_or_our_error(text: str) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["id", "prompt", "prompt_ids", "answer", "boundary", "x"]), c, max_size=5),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["id", "prompt", "prompt_ids", "answer",
+                                                                         "boundary", "x"]), c, max_size=5),
     max_leaves=12,
 )
 

@@ -146,7 +146,8 @@ def test_the_html_lists_the_sweep_in_numeric_order_and_draws_its_curves_at_80_la
     pytest.importorskip("matplotlib")
     report = {"analyses": {"anatomy": {}, "layer_sweep": sweep}}
     assert "fig-layer-sweep" in [fid for fid, _, _ in figures.figures(report)]
-    assert "fig-layer-sweep" not in [fid for fid, _, _ in figures.figures({"analyses": {"layer_sweep": layer_sweep([])}})]
+    assert "fig-layer-sweep" not in [fid
+                                     for fid, _, _ in figures.figures({"analyses": {"layer_sweep": layer_sweep([])}})]
 
 
 class Scripted:
@@ -167,8 +168,10 @@ class Scripted:
         return logits
 
 
-@pytest.mark.parametrize(("follow", "calls"), [((3, 4, 5, 6), 5), ((3, 4, 7, 6, 5, 4), 3), ((3, 4, 5, 6, 7, 1), 6), (None, 6)])
-def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(follow: tuple[int, ...] | None, calls: int) -> None:
+@pytest.mark.parametrize(("follow", "calls"), [((3, 4, 5, 6), 5), ((3, 4, 7, 6, 5, 4), 3), ((3, 4, 5, 6, 7, 1), 6),
+                                               (None, 6)])
+def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(follow: tuple[int, ...] | None,
+                                                                      calls: int) -> None:
     from pytest_kvaudit.core.runtime.decoder import continue_greedy
 
     dec = Scripted((3, 4, 5, 6, 7, 1, 2))

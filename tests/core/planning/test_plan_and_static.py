@@ -42,7 +42,8 @@ def test_plan_then_run_with_the_static_cache_axis(pytester: pytest.Pytester, tin
     log = tmp_path / "computes"
     log.mkdir()
     monkeypatch.setenv("KVAUDIT_COMPUTE_LOG", str(log))
-    planned = _run(pytester, tiny_llama, pytester.path / "plan.json", "--kvaudit-plan", "--kvaudit-cache=dynamic,static")
+    planned = _run(pytester, tiny_llama, pytester.path / "plan.json", "--kvaudit-plan",
+                   "--kvaudit-cache=dynamic,static")
     assert planned.ret == pytest.ExitCode.OK, planned.stdout.str()
     assert not list(log.iterdir())  # no Store.compute in any process
     planned.assert_outcomes(skipped=7)  # every claim file setup_suite lays out, prefix_cache included

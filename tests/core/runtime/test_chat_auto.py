@@ -113,12 +113,14 @@ def test_header_says_the_source_and_how_to_turn_it_off() -> None:
         "--kvaudit-chat-template=off sends them as plain text")
     assert "none shipped" in header_line(None, None)
     assert "off turns it off" in header_line(True, "x.json")
-    assert header_line(False, "x.json") == "chat template: off (--kvaudit-chat-template=off), though the checkpoint ships one in x.json"
+    assert header_line(False, "x.json") == ("chat template: off (--kvaudit-chat-template=off), though the checkpoint "
+                                            "ships one in x.json")
 
 
 def test_the_report_carries_it_only_where_there_is_something_to_say() -> None:
     assert report_block(None, False, None) == {}  # the embedded checkpoint's report stays as it was
-    assert report_block(None, True, "t.jinja") == {"chat_template": {"mode": "auto", "applied": True, "source": "t.jinja"}}
+    assert report_block(None, True, "t.jinja") == {"chat_template": {"mode": "auto", "applied": True,
+                                                                     "source": "t.jinja"}}
     assert report_block(False, False, "t.jinja")["chat_template"]["applied"] is False
 
 
@@ -161,10 +163,13 @@ def test_end_to_end_auto_by_default_and_the_hint_when_off(pytester: pytest.Pytes
                               "--kvaudit-chat-template=off sends them as plain text"])
     assert json.loads(rep.read_text())["items"]["chat_template"]["applied"] is True
     # eight A's in six new tokens: never reached
-    res = pytester.runpytest_subprocess(f"--kvaudit-model={ckpt}", "--kvaudit-chat-template=off", "--kvaudit-boundary=AAAAAAAA",
-                                        "--kvaudit-max-new-tokens=6", f"--kvaudit-report={rep}", "-p", "no:cacheprovider")
+    res = pytester.runpytest_subprocess(f"--kvaudit-model={ckpt}", "--kvaudit-chat-template=off",
+                                        "--kvaudit-boundary=AAAAAAAA",
+                                        "--kvaudit-max-new-tokens=6", f"--kvaudit-report={rep}", "-p",
+                                        "no:cacheprovider")
     res.stdout.fnmatch_lines(["*chat template: off (--kvaudit-chat-template=off), though the checkpoint ships one in *",
-                              "items 0/4 eligible (ineligible: boundary_not_reached 4); the chat template (*) was off*"])
+                              "items 0/4 eligible (ineligible: boundary_not_reached 4); "
+                              "the chat template (*) was off*"])
     reason = json.loads(rep.read_text())["claims"]["replica_exactness"]["reason"]
     assert "--kvaudit-chat-template=auto or on is the likely fix" in reason
 

@@ -23,12 +23,14 @@ def test_a_gguf_file_or_its_folder_is_a_checkpoint(smollm2: tuple[Path, Path], t
     assert ident["gguf"] == {"file": file.name, "quantization": "Q4_1", "dequantized": True,
                              "tensor_types": {"F32": 61, "Q4_1": 210, "Q8_0": 1}}
     assert ident["architecture"] == "LlamaForCausalLM" and ident["num_layers"] == 30
-    assert ident["weights_digest"].startswith("sha256:") and model_identity("x", file.parent)["weights_digest"] == ident["weights_digest"]
+    assert ident["weights_digest"].startswith("sha256:")
+    assert model_identity("x", file.parent)["weights_digest"] == ident["weights_digest"]
     two = tmp_path / "two"
     two.mkdir()
     for name in ("a.gguf", "b.gguf"):
         (two / name).write_bytes(b"GGUF")
-    with pytest.raises(KvauditError, match=r"holds 2 GGUF files \(a.gguf, b.gguf\): pass one as --kvaudit-model=FILE.gguf"):
+    with pytest.raises(KvauditError,
+                       match=r"holds 2 GGUF files \(a.gguf, b.gguf\): pass one as --kvaudit-model=FILE.gguf"):
         gguf.gguf_file(two)
 
 
@@ -71,5 +73,6 @@ def test_a_damaged_gguf_is_one_line(tmp_path: Path) -> None:
 def test_another_file_is_still_refused(tmp_path: Path) -> None:
     f = tmp_path / "model.safetensors"
     shutil.copy(__file__, f)
-    with pytest.raises(KvauditError, match="is a file, not a directory: pass the folder holding config.json, or a .gguf file"):
+    with pytest.raises(KvauditError,
+                       match="is a file, not a directory: pass the folder holding config.json, or a .gguf file"):
         resolve_checkpoint(str(f))

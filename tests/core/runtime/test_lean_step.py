@@ -1,4 +1,4 @@
-"""The lean decode step (:mod:`pytest_kvaudit.core.runtime.backends.lean`) gives transformers' bits, proves it on its
+"""The lean decode step (:mod:`pytest_kvaudit.core.runtime.lean_step`) gives transformers' bits, proves it on its
 first step, falls back where one bit differs, and leaves every model and cache it does not know to
 transformers' forward."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR, BoundaryRule
-from pytest_kvaudit.core.runtime.backends.lean import LeanStep, refusal
 from pytest_kvaudit.core.runtime.backends.transformers import open_backend
 from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy, trajectory
+from pytest_kvaudit.core.runtime.lean_step import LeanStep, refusal
 
 
 def _run(backend: Any, prompt: list[int], lean: bool) -> tuple[Any, ...]:
@@ -25,7 +25,8 @@ def _run(backend: Any, prompt: list[int], lean: bool) -> tuple[Any, ...]:
     st = dec.build_state(prompt[:-1], [len(prompt) - 1])
     margins: list[float] = []
     suffix, lfp = continue_greedy(dec, st, prompt[-1], 12, margins)
-    return tr.generated, tr.state_fp, tr.logits_fp, tr.margins, kv.fingerprint(tr.state), suffix, lfp, margins, kv.fingerprint(st)
+    return (tr.generated, tr.state_fp, tr.logits_fp, tr.margins, kv.fingerprint(tr.state), suffix, lfp, margins,
+            kv.fingerprint(st))
 
 
 @pytest.fixture(scope="module", params=["embedded", "llama"])

@@ -54,7 +54,8 @@ def test_a_missing_extra_is_one_line_naming_it(pytester: pytest.Pytester, monkey
     pytester.makepyfile("def test_x(): pass")
     res = pytester.runpytest_subprocess(f"--kvaudit-cache=dynamic,{INT2}", "-p", "no:cacheprovider")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines([f"ERROR: --kvaudit-cache={INT2} needs optimum-quanto: pip install 'pytest-kvaudit[quanto]'"])
+    res.stderr.fnmatch_lines([f"ERROR: --kvaudit-cache={INT2} needs optimum-quanto: pip install "
+                              "'pytest-kvaudit[quanto]'"])
     assert len([x for x in res.stderr.lines if x.strip()]) == 1
 
 
@@ -101,7 +102,8 @@ def test_not_applicable_without_a_lossy_kind_and_offloading_said_meaningless_on_
     claim = get(CLAIM)
     assert "no lossy or offloaded cache kind" in (claim.applicable(AuditConfig()) or "")
     assert claim.applicable(AuditConfig(cache_axes=("static",))) is not None
-    assert "lossy cache kinds quantized:quanto-int2 skipped: lossy by design" in lossy_note(AuditConfig(cache_axes=(INT2,)))
+    note = lossy_note(AuditConfig(cache_axes=(INT2,)))
+    assert "lossy cache kinds quantized:quanto-int2 skipped: lossy by design" in note
     assert lossy_note(AuditConfig(cache_axes=("static",))) == ""
     assert {c.name for c in registered() if c.exact} >= {"bridge_bitexact", "replica_exactness", "ledger_audit"}
     why = lossy.offload_not_meaningful("cpu")
@@ -131,8 +133,8 @@ def test_generous(kvaudit_judge):
                     reason="needs optimum-quanto: pip install 'pytest-kvaudit[quanto]'")
 def test_quanto_int2_blows_a_tight_budget_on_the_embedded_checkpoint(pytester: pytest.Pytester) -> None:
     """One run (the 2-core budget): int2 changes a label on the embedded checkpoint in fp32 (1/16 here), so a
-    0.1% budget fails (the exact lower bound of 1/16 is 0.16%: one change in 16 cannot fail a 2% budget); with a generous one int2 and int4 pass; and the offloaded kind says it is no audit on a
-    CPU."""
+    0.1% budget fails (the exact lower bound of 1/16 is 0.16%: one change in 16 cannot fail a 2% budget); with a
+    generous one int2 and int4 pass; and the offloaded kind says it is no audit on a CPU."""
     pytester.makepyfile(test_budgets=BUDGETS)
     report = pytester.path / "r.json"
     res = pytester.runpytest_subprocess("--kvaudit-n=16", "--kvaudit-dtypes=fp32", f"--kvaudit-report={report}",

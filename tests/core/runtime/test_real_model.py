@@ -33,8 +33,10 @@ def test_a_short_audit_of_smollm2(pytester: pytest.Pytester, monkeypatch: pytest
     pytester.makeini(BARS)
     report = pytester.path / "report.json"
     res = pytester.runpytest_subprocess(
-        f"--kvaudit-model={ckpt}", "--kvaudit-chat-template", "--kvaudit-items=builtin:arith-v2", f"--kvaudit-n={ITEMS}",
-        f"--kvaudit-max-new-tokens={MAX_NEW_TOKENS}", "--kvaudit-dtypes=bf16,fp32", f"--kvaudit-claims={','.join(CLAIMS)}",
+        f"--kvaudit-model={ckpt}", "--kvaudit-chat-template", "--kvaudit-items=builtin:arith-v2",
+                                        f"--kvaudit-n={ITEMS}",
+        f"--kvaudit-max-new-tokens={MAX_NEW_TOKENS}", "--kvaudit-dtypes=bf16,fp32",
+                                        f"--kvaudit-claims={','.join(CLAIMS)}",
         f"--kvaudit-report={report}", "-p", "no:cacheprovider", "-W", "ignore")
     data = json.loads(report.read_text())
     claims = data["claims"]

@@ -115,7 +115,8 @@ class LlamaCppState(WholeState):
 
 
 class LlamaCppBackend:
-    """A GGUF model loaded once by llama-cpp-python, its K/V cache at one type (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
+    """A GGUF model loaded once by llama-cpp-python, its K/V cache at one type
+    (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
     per_layer = False
     constructions = (WARM, RESTORE)
@@ -211,7 +212,8 @@ class LlamaCppBackend:
         first = list(ids[:min(prompt_len, len(ids) - 1)])  # the first request: the prompt
         calls1, tokens1 = self._request(first) if first else (0, 0)
         calls2, tokens2 = self._request(list(ids))  # the second, prefix[:-1]: what it did not evaluate, it reused
-        return LlamaCppState(self, self.llm._ctx.ctx, len(ids), self.lease), calls1 + calls2, tokens1 + tokens2, len(ids) - tokens2
+        state = LlamaCppState(self, self.llm._ctx.ctx, len(ids), self.lease)
+        return state, calls1 + calls2, tokens1 + tokens2, len(ids) - tokens2
 
     def _request(self, ids: list[int]) -> tuple[int, int]:
         """One request through ``Llama.generate`` (its longest-prefix reuse decides what it evaluates): its
@@ -258,9 +260,10 @@ def _extra_bufts(on: bool) -> Iterator[None]:
 
 
 def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
-    """The GGUF's identity, keyed as the transformers backend keys a GGUF (:func:`pytest_kvaudit.core.runtime.gguf.identity`: the digest
-    covers the file's sha256), read from the metadata llama.cpp already parsed (the ``gguf`` package takes
-    seconds over the tensor table), and named as run natively: not dequantized."""
+    """The GGUF's identity, keyed as the transformers backend keys a GGUF
+    (:func:`pytest_kvaudit.core.runtime.gguf.identity`: the digest covers the file's sha256), read from the metadata
+    llama.cpp already parsed (the ``gguf`` package takes seconds over the tensor table), and named as run natively: not
+    dequantized."""
     import hashlib
     import json
 
@@ -271,10 +274,12 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
     ftype = meta.get("general.file_type")
     digest = file_digest(file)
     return {
-        "id": spec, "architecture": _causal_lm_class(arch), "model_type": arch, "num_layers": int(meta.get(f"{arch}.block_count", 0) or 0),
+        "id": spec, "architecture": _causal_lm_class(arch), "model_type": arch,
+        "num_layers": int(meta.get(f"{arch}.block_count", 0) or 0),
         "weights_digest": "sha256:" + hashlib.sha256(file.name.encode() + b"\0" + digest.encode()).hexdigest(),
         "config_digest": "sha256:" + hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
-        "gguf": {"file": file.name, "quantization": ftypes.get(int(ftype), str(ftype)) if ftype is not None else "unknown",
+        "gguf": {"file": file.name,
+                 "quantization": ftypes.get(int(ftype), str(ftype)) if ftype is not None else "unknown",
                  "dequantized": False},
         "backend": NAME,
     }

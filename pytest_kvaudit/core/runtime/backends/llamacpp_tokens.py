@@ -1,6 +1,7 @@
 """llama.cpp's own tokenizer, shaped like the slice of a transformers tokenizer the audit calls.
 
-The cells, the item checks and the chat prompt (:mod:`pytest_kvaudit.core.runtime.chat`) call ``tokenizer(text, add_special_tokens=...)``,
+The cells, the item checks and the chat prompt (:mod:`pytest_kvaudit.core.runtime.chat`) call ``tokenizer(text,
+add_special_tokens=...)``,
 ``decode``, ``get_vocab``, ``chat_template`` and ``apply_chat_template``. Routing them to the GGUF's own
 vocabulary (not a transformers re-implementation of it) keeps every id the one llama.cpp would produce itself;
 the chat template is the GGUF's ``tokenizer.chat_template``, rendered with jinja2 in a sandbox, as transformers

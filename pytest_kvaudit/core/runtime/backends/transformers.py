@@ -1,5 +1,5 @@
-"""The transformers backend: a checkpoint loaded by :mod:`pytest_kvaudit.core.runtime.loading` (safetensors only, no remote code
-unless asked, refusals of what the audit cannot judge), run one forward at a time on a transformers
+"""The transformers backend: a checkpoint loaded by :mod:`pytest_kvaudit.core.runtime.loading` (safetensors only, no
+remote code unless asked, refusals of what the audit cannot judge), run one forward at a time on a transformers
 ``Cache``."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from typing import Any
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.runtime import state as kv
-from pytest_kvaudit.core.runtime.backends.lean import LeanStep
+from pytest_kvaudit.core.runtime.lean_step import LeanStep
 from pytest_kvaudit.core.runtime.loading import ModelHandle, open_model
 
 
 @dataclass
 class TransformersBackend(ModelHandle):
-    """A loaded transformers model with what the audit calls on it (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
+    """A loaded transformers model with what the audit calls on it
+    (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
     #: one-token steps through :class:`.lean.LeanStep` where it applies (the same ops, the same bits, less
     #: Python per call; it checks itself against transformers' forward on its first step); False: always

@@ -30,9 +30,10 @@ from pytest_kvaudit.core.runtime.state.tensors import (
     ulps,
 )
 
-__all__ = ["CACHE_KINDS", "LINEAR_LAYER", "LayerComparison", "LayerKind", "Part", "PartDiff", "cache_kwarg", "check_supported",
-           "clone", "compare", "digest", "equal", "fingerprint", "fingerprint_ids", "fingerprint_tensors", "kinds", "lossy",
-           "layer_kv", "layers_of", "new_cache", "recurrent", "register_layer_kind", "row_state", "tensor_bytes", "transplant"]
+__all__ = ["CACHE_KINDS", "LINEAR_LAYER", "LayerComparison", "LayerKind", "Part", "PartDiff", "cache_kwarg",
+           "check_supported", "clone", "compare", "digest", "equal", "fingerprint", "fingerprint_ids",
+           "fingerprint_tensors", "kinds", "lossy", "layer_kv", "layers_of", "new_cache", "recurrent",
+           "register_layer_kind", "row_state", "tensor_bytes", "transplant"]
 
 #: what transformers' layer classes that carry a recurrent state have in their names
 LINEAR_LAYER = "LinearAttention"

@@ -1,6 +1,6 @@
 """The model backend is a seam: a backend registered by name runs every cell, probe and plan through its
-``step``/``fresh``/``step_batch``, and an unknown name is a usage error listing the known ones (a registered engine running a whole audit:
-tests/plugin/test_engine_plugin.py)."""
+``step``/``fresh``/``step_batch``, and an unknown name is a usage error listing the known ones (a registered engine
+running a whole audit: tests/plugin/test_engine_plugin.py)."""
 
 from __future__ import annotations
 

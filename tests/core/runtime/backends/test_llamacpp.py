@@ -19,7 +19,8 @@ import pytest
 from pytest_kvaudit.core.errors import UnsupportedCacheError
 from pytest_kvaudit.core.runtime import state as kv
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'pytest-kvaudit[llamacpp]'")
+llama_cpp = pytest.importorskip("llama_cpp",
+                                reason="llama-cpp-python is not installed: pip install 'pytest-kvaudit[llamacpp]'")
 
 PROMPT = "What is 12 + 7? Show your steps."
 #: prefix_cache judges llama.cpp inconclusive, saying why (its prompt cache has no blocks)
@@ -129,7 +130,8 @@ def test_transplants_move_the_whole_state_or_nothing(backend: Any, prompt: list[
             kv.transplant(a, b, layers, parts)
 
 
-def test_extra_buffer_types_are_off_unless_asked(gguf: Path, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extra_buffer_types_are_off_unless_asked(gguf: Path, prompt: list[int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """By default the weights load into plain CPU buffers (ggml's own kernels: the way round the AMX int8 crash
     of a GCC 12 build, where a batch of 2+ tokens dies) and the report says so; KVAUDIT_LLAMACPP_EXTRA_BUFTS=1
     reaches the model load as llama.cpp's own default."""

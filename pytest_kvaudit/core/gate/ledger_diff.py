@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_kvaudit.core.planning.baseline import Rules
+from pytest_kvaudit.core.gate.rules import Rules
 
 #: how many changed trajectories a diff keeps per precision (the count is always whole)
 KEEP = 200

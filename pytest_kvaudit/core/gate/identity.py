@@ -1,14 +1,12 @@
-"""The checkpoint gate's data side: what a baseline must share with a run, and its fail rules.
+"""The checkpoint gate's identity: what a baseline must share with a run.
 
 ``--kvaudit-baseline`` compares checkpoint N+1 with checkpoint N. The weights differ (that is the point), but
 the comparison means something only when both runs asked the same question: the same architecture and depth,
 the same items (ids, prompts, answers, count), and the same settings that decide the bits of a trajectory and
 which cells exist (backend, precisions, attention, TF32, chat template, threads, constructions, boundary,
 answer regex, generation budget). :func:`run_identity` says that for a run from its config and item set, before
-any model loads; :func:`mismatches` lists what differs, one line a field with both values.
-
-The rules (``--kvaudit-baseline-fail``) say which movements fail the gate: one-sided by default, so that less
-divergence is an improvement and never a regression. Pure data, no pytest, no torch.
+any model loads; :func:`mismatches` lists what differs, one line a field with both values. Pure data, no pytest, no
+torch.
 """
 
 from __future__ import annotations
@@ -16,26 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.runtime import gguf
 from pytest_kvaudit.core.runtime.itemcheck import item_set_name, resolve
 from pytest_kvaudit.core.runtime.loading import read_config, resolve_checkpoint
 
-FLAG = "--kvaudit-baseline-fail"
-#: metric -> the directions a rule may name for it
-DIRECTIONS: dict[str, tuple[str, ...]] = {
-    "divergence": ("increase", "decrease", "change"),
-    "labels": ("increase", "decrease", "change"),
-    "trajectories": ("change",),
-    "continuations": ("change",),
-    "verdicts": ("worse", "change"),
-}
-DEFAULT_RULES = "divergence:increase,labels:increase,trajectories:change,verdicts:worse"
 #: the settings (AuditConfig fields and the item set's rules) that decide the bits of a trajectory or which cells
 #: a run computes; the weights digest is deliberately not among the compared fields
 SETTINGS = ("backend", "dtypes", "attn", "tf32", "device_map", "chat_template", "threads", "chunks", "cache_axes",
@@ -47,59 +33,6 @@ MODEL_FIELDS = ("architecture", "num_layers")
 DEFAULTS: dict[str, Any] = {"threads": 1}
 
 
-@dataclass(frozen=True)
-class Rules:
-    """Metric -> direction that fails the gate (a metric not named only reports)."""
-
-    fail: Mapping[str, str]
-
-    @classmethod
-    def parse(cls, text: str | None, where: str = FLAG) -> Rules:
-        """``divergence:increase,labels:increase,trajectories:change,verdicts:worse`` or ``none``."""
-        text = DEFAULT_RULES if text is None else text
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        usage = ("use METRIC:DIRECTION,... with " + ", ".join(f"{m}:{'|'.join(d)}" for m, d in DIRECTIONS.items())
-                 + f", or none (default: {DEFAULT_RULES})")
-        if parts == ["none"]:
-            return cls({})
-        if not parts:
-            raise KvauditError(f"{where} is empty: {usage}")
-        fail: dict[str, str] = {}
-        for p in parts:
-            metric, sep, direction = p.partition(":")
-            if not sep or metric not in DIRECTIONS or direction not in DIRECTIONS[metric]:
-                raise KvauditError(f"{where}: {p!r} is not a rule: {usage}")
-            if metric in fail:
-                raise KvauditError(f"{where}: {metric} is named twice ({metric}:{fail[metric]} and {p}): {usage}")
-            fail[metric] = direction
-        return cls(fail)
-
-    def text(self) -> str:
-        return ",".join(f"{m}:{d}" for m, d in self.fail.items()) or "none"
-
-    def judge(self, metric: str, was: float, now: float, changed: bool = False) -> str | None:
-        """``regression``, ``improvement`` or ``change`` for a metric that moved from ``was`` to ``now`` (a
-        count or rate; ``changed`` for a same-count change of the set behind it), None when nothing moved."""
-        if was == now and not changed:
-            return None
-        d = self.fail.get(metric)
-        if d == "change" or (d == "increase" and now > was) or (d == "decrease" and now < was):
-            return "regression"
-        if (d == "increase" and now < was) or (d == "decrease" and now > was):
-            return "improvement"
-        return "change"
-
-    def verdict(self, was: str, now: str) -> str | None:
-        """The same for a claim's verdict: pass -> anything else is worse."""
-        if was == now:
-            return None
-        d = self.fail.get("verdicts")
-        if d == "change" or (d == "worse" and was == "pass"):
-            return "regression"
-        return "improvement" if now == "pass" else "change"
-
-
-# -- what a run is, for the gate -----------------------------------------------------------------------
 def items_digest(items: Any) -> str:
     """A digest of every item's id, prompt, prompt ids, answer and boundary (the shards' digest)."""
     h = hashlib.sha256()
@@ -192,5 +125,6 @@ def mismatches(baseline: Mapping[str, Any], run: Mapping[str, Any], resolved: Ma
         if f in bs and f in rs and not _same(f, bs[f], rs[f], resolved):
             out.append(f"settings.{f}: baseline {_show(bs[f])}, this run {_show(rs.get(f))}")
     if bs.get("stop_regex") != rs.get("stop_regex"):  # written only where a set has one: absent is none
-        out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run {_show(rs.get('stop_regex'))}")
+        out.append(f"settings.stop_regex: baseline {_show(bs.get('stop_regex'))}, this run "
+                   f"{_show(rs.get('stop_regex'))}")
     return out

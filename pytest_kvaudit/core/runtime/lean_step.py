@@ -43,7 +43,8 @@ def refusal(model: Any) -> str | None:
         return f"attention {getattr(cfg, '_attn_implementation', None)!r}, not sdpa"
     if model.training:
         return "training mode"
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ())) or getattr(cfg, "use_sliding_window", False):
+    if (any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or ()))
+            or getattr(cfg, "use_sliding_window", False)):
         return "a sliding-window layer"
     if getattr(cfg, "pretraining_tp", 1) not in (1, None):
         return "pretraining_tp > 1"
@@ -102,10 +103,12 @@ class LeanStep:
         theirs = copy.deepcopy(cache)
         x = torch.tensor([[tok]], dtype=torch.long, device=self.device)
         with torch.no_grad():
-            ref = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_kwarg(self.model): theirs}).logits[0, -1]
+            ref = self.model(input_ids=x, use_cache=True, logits_to_keep=1,
+                             **{cache_kwarg(self.model): theirs}).logits[0, -1]
         mine = self._step(tok, cache)
         same = torch.equal(mine, ref) and all(
-            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(cache.layers, theirs.layers))
+            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(cache.layers,
+                                                                                            theirs.layers))
         if not same:
             self.reason = "its first step differed from transformers' forward"
             cache.layers[:] = theirs.layers  # the caller gets transformers' own cache and logits
