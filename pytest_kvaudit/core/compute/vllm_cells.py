@@ -37,7 +37,9 @@ from pytest_kvaudit.core.compute.vllm_requests import (
     ineligible,
     logits_fp,
     margins,
+    request_cost,
     request_shape,
+    stop_rule,
     stopped,
 )
 from pytest_kvaudit.core.errors import KvauditError
@@ -79,15 +81,8 @@ class VllmCellBuilder(CellBuilder):
 
     def stop_rule(self, after: int | None = None, lead: Sequence[int] = (),
                   rule: BoundaryRule | None = None) -> dict[str, Any] | None:
-        """The item set's stop rule for a request (None when it has none): its suffix starts ``after`` ids into
-        the request's output behind ``lead`` (ids of the suffix already in its prompt), or where ``rule`` finds
-        the boundary in the output (the live request and its replica)."""
-        regex = self.item_set.stop_regex
-        if regex is None:
-            return None
-        if rule is not None:
-            return {"regex": regex, "marker": rule.marker, "tokens": rule.tokens}
-        return {"regex": regex, "after": after or 0, "lead": list(lead)}
+        """The item set's stop rule for a request (:func:`.vllm_requests.stop_rule`)."""
+        return stop_rule(self.item_set.stop_regex, after, lead, rule)
 
     def request(self, rec: CellRecord, name: str, first: Sequence[int], force: Sequence[int], budget: int,
                 reset: bool = True, others: int = 0, tokens: int | None = None,
@@ -103,8 +98,7 @@ class VllmCellBuilder(CellBuilder):
         rows += [(list(first[k:]) + list(first[:k]), len(force) + budget, list(force), None)
                  for k in range(1, others + 1)]
         done = self.be.run(rows, tokens)
-        calls = sum(len(d.steps) for d in done)
-        spent = sum(d.prompt_len - d.cached + max(len(d.tokens) - 1, 0) for d in done)
+        calls, spent = request_cost(done)
         self.cost.forward_calls += calls
         self.cost.forward_tokens += spent
         d = done[0]

@@ -119,3 +119,23 @@ def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -
     if name == "transplant":
         return 1 + suffix, head + suffix
     return None
+
+
+def stop_rule(regex: str | None, after: int | None = None, lead: Sequence[int] = (),
+              rule: Any = None) -> dict[str, Any] | None:
+    """The item set's stop rule (``regex``) for a request, None when it has none: its suffix starts ``after`` ids
+    into the request's output behind ``lead`` (ids of the suffix already in its prompt), or where ``rule`` (a
+    :class:`pytest_kvaudit.core.model.config.BoundaryRule`) finds the boundary in the output (the live request and
+    its replica)."""
+    if regex is None:
+        return None
+    if rule is not None:
+        return {"regex": regex, "marker": rule.marker, "tokens": rule.tokens}
+    return {"regex": regex, "after": after or 0, "lead": list(lead)}
+
+
+def request_cost(done: Sequence[Any]) -> tuple[int, int]:
+    """(engine steps, forward tokens) of served requests: the steps each was scheduled in, and its prompt's
+    uncached ids plus every decoded token but the last (which no forward fed)."""
+    return (sum(len(d.steps) for d in done),
+            sum(d.prompt_len - d.cached + max(len(d.tokens) - 1, 0) for d in done))
