@@ -22,8 +22,7 @@ from pytest_kvaudit.core.model.engine_protocol import Backend, OpenSpec
 from pytest_kvaudit.core.model.precisions import named, torch_precisions
 
 __all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "EngineSpec", "backend_constructions", "check", "engine", "find",
-           "known", "lacks",
-           "register_backend"]
+           "known", "lacks", "register_backend"]
 
 #: the entry-point group engines are declared in (``[project.entry-points."kvaudit.engines"]``)
 GROUP = "kvaudit.engines"
