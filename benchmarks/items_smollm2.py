@@ -148,8 +148,8 @@ def main() -> None:
     by_kind: dict[str, list[bool]] = defaultdict(list)
     for it, got, *_ in rows:
         by_kind[it.id.rsplit("-", 1)[1]].append(got == it.answer)
-    print(f"accuracy {correct}/{n} = {correct / n:.1%}  (" + ", ".join(f"{k} {sum(v)}/{len(v)}"
-                                                                       for k, v in by_kind.items())
+    print(f"accuracy {correct}/{n} = {correct / n:.1%}  ("
+          + ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_kind.items())
           + ")")
     print(f"answers extracted {extracted}/{n} = {extracted / n:.1%}")
     print(f"eligible (boundary reached) {len(eligible)}/{n} = {len(eligible) / n:.1%}")

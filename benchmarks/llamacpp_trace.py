@@ -69,8 +69,8 @@ def open_traced(model: str, ubatch: int, extra_bufts: bool, flash_attn: bool) ->
     return b
 
 
-def kv_cells(blob: bytes, n_layer: int, cells: int, n_embd_k: int, n_embd_v: int) -> tuple[list[list[bytes]],
-                                                                                           list[list[bytes]]]:
+def kv_cells(blob: bytes, n_layer: int, cells: int, n_embd_k: int,
+             n_embd_v: int) -> tuple[list[list[bytes]], list[list[bytes]]]:
     """Per layer, per cell: the K row and the V row of an f32 cache in ``llama_state_seq_get_data``'s bytes.
 
     The K/V section is the blob's tail (``state_write_data``: v_trans, n_layer, then per layer the K type, row

@@ -184,8 +184,8 @@ def trace_item(b: Any, lib: Any, item: Any, iset: Any) -> dict[str, Any]:
         if m and base in PER_LAYER and t["tensor"] == f"{base}-{m.group(1)}":
             per_layer.setdefault(m.group(1), {})[base] = t["differ"]
     return {"id": item.id, "eligible": True, "prompt_len": len(prompt), "head_len": len(head),
-            "states_equal": pre_state == live_state, "callback_changes_state": (pre_state, live_state) != (plain_pre,
-                                                                                                           plain_live),
+            "states_equal": pre_state == live_state,
+            "callback_changes_state": (pre_state, live_state) != (plain_pre, plain_live),
             "first_differing_tensor": first, "first_per_layer": first_per_layer,
             "positions_differing_per_layer": per_layer, "tensors": tensors}
 

@@ -69,16 +69,16 @@ def main(argv: list[str] | None = None) -> int:
             cut_short += f.suffix[: len(c.suffix)] == c.suffix
     div = {s: sum(r.eligible and r.constructions["live"].suffix != r.constructions["prefill"].suffix
                   for r in st.records.values()) for s, st in (("whole", whole), ("stopped", stopped))}
-    for label, st, t in (("whole budget (--kvaudit-stop-regex=off)", whole, t_whole), ("stopped at the first answer",
-                                                                                       stopped, t_stop)):
-        rows.append([label, st.cost.forward_calls, st.cost.forward_tokens, t, div["whole" if st is whole
-                                                                                  else "stopped"]])
+    for label, st, t in (("whole budget (--kvaudit-stop-regex=off)", whole, t_whole),
+                         ("stopped at the first answer", stopped, t_stop)):
+        rows.append([label, st.cost.forward_calls, st.cost.forward_tokens, t,
+                     div["whole" if st is whole else "stopped"]])
     rows.append(["stopped / whole", stopped.cost.forward_calls / whole.cost.forward_calls,
                  stopped.cost.forward_tokens / whole.cost.forward_tokens, t_stop / t_whole, "-"])
     C.table(f"{a.items} x {a.n} items, {a.dtypes}, {Path(a.model).name}, every built-in claim's work",
                   ["run", "forward calls", "forward tokens", "seconds", "live vs prefill divergent"], rows)
-    checks = [["label as the whole suffix reads it", same_label, units], ["answer as the whole suffix reads it",
-                                                                          same_answer, units],
+    checks = [["label as the whole suffix reads it", same_label, units],
+              ["answer as the whole suffix reads it", same_answer, units],
               ["stopped suffix = the whole one cut short", cut_short, units]]
     C.table("what the stop keeps (per unit and construction)", ["check", "yes", "of"], checks)
     C.write_json(a.out, {"threads": threads_line, "environment": C.environment(a.device), "model": a.model, "n": a.n,

@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         ["naive suite: the paper's 5 claims only", naive5, cost.forward_tokens / naive5 if naive5 else float("nan")],
     ])
     other = cost.forward_tokens - rebuilt
-    t0 = C.table("the least the claims need (pytest_kvaudit.claims.needs), by kind of work", ["work", "tokens",
-                                                                                              "share"],
+    t0 = C.table("the least the claims need (pytest_kvaudit.claims.needs), by kind of work",
+                 ["work", "tokens", "share"],
                  [[k, v, v / minimal if minimal else float("nan")]
                   for k, v in needed.items()] + [["sum (= claims' needs)", sum(needed.values()), 1.0]])
     t3 = C.table("store tokens by kind of work (reconstructed from the records)", ["work", "tokens", "share"],

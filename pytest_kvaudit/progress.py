@@ -38,8 +38,8 @@ class Printer:
             return  # a worker announcing its size: nothing to show yet
         decile = int(t.fraction * 10)
         now = time.monotonic()
-        if self.finished or (not done and ((self.tty and now - self.shown < 0.5) or (not self.tty
-                                                                                     and decile == self.decile))):
+        if self.finished or (not done and ((self.tty and now - self.shown < 0.5)
+                                           or (not self.tty and decile == self.decile))):
             return
         self.shown, self.decile, self.finished = now, decile, done
         with self.cap.global_and_fixture_disabled() if self.cap is not None else nullcontext():

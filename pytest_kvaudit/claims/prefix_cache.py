@@ -45,8 +45,8 @@ def changes(rows: list[Any], name: str, conf: float) -> dict[str, Any]:
                                                           and not r.constructions[name].reused)}
     for ref in ("live", "prefill"):
         side = "cold" if ref == "prefill" else ref
-        for what, differs in (("suffix", lambda a, b: a.suffix != b.suffix), ("answer",
-                                                                              lambda a, b: a.answer != b.answer),
+        for what, differs in (("suffix", lambda a, b: a.suffix != b.suffix),
+                              ("answer", lambda a, b: a.answer != b.answer),
                               ("label", lambda a, b: a.label != b.label)):
             k = sum(differs(r.constructions[name], r.constructions[ref]) for r in hit)
             out[f"{what}_changes_vs_{side}"] = [k, len(hit)]
@@ -114,8 +114,8 @@ class PrefixCache(Claim):
             ok.update(w_ok)
             why.update(w_why)
             figs["per_dtype"][d] = {"whole_block": {"n": len(w_ok), "k": sum(w_ok.values()), "no_hit": w_none},
-                                    "partial": changes(mine, PARTIAL, conf), "cross_request": changes(mine, CROSS,
-                                                                                                      conf)}
+                                    "partial": changes(mine, PARTIAL, conf),
+                                    "cross_request": changes(mine, CROSS, conf)}
         figs["lines"] = [line(d, f) for d, f in figs["per_dtype"].items()]
         bad = [u for u, good in ok.items() if not good]
         n, k = len(ok), len(ok) - len(bad)

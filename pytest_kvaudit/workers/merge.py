@@ -66,8 +66,8 @@ def union(env: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
 def check_one_environment(exports: Sequence[dict[str, Any]]) -> None:
     def ident(e: dict[str, Any]) -> dict[str, Any]:
         env, model = e.get("environment") or {}, e.get("identity") or {}
-        return {**{f"environment.{k}": env.get(k) for k in ENV_FIELDS}, **{f"model.{k}": model.get(k)
-                                                                           for k in MODEL_FIELDS}}
+        return {**{f"environment.{k}": env.get(k) for k in ENV_FIELDS},
+                **{f"model.{k}": model.get(k) for k in MODEL_FIELDS}}
 
     computed = [e for e in exports if e.get("records")]
     if len(computed) < 2:

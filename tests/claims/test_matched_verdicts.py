@@ -22,9 +22,8 @@ def table(both: int, live_only: int, prefill_only: int, neither: int, dtype: str
     for i, (lv, pf) in enumerate([(True, True)] * both + [(True, False)] * live_only + [(False, True)] * prefill_only
                                  + [(False, False)] * neither):
         rows.append(CellRecord(item_id=f"t{i:03d}", dtype=dtype, prompt_ids=(1,), generated=(2,), boundary=1,
-                               reason=None,
-                               answer="1", constructions={"live": cont(lv, (1,)), "prefill": cont(pf, (1,) if lv == pf
-                                                                                                  else (2,))}))
+                               reason=None, answer="1",
+                               constructions={"live": cont(lv, (1,)), "prefill": cont(pf, (1,) if lv == pf else (2,))}))
     return rows
 
 
@@ -90,7 +89,7 @@ def test_the_fp32_rule_is_symmetric(k: int, n: int, status: str) -> None:
     r = claim.judge(Evidence(fixed_table(k, n), claim.resolve(config), config))
     hi_status = "pass" if "fp32: " in r.reason and "<=" in r.reason.split("fp32: ")[1] else (
         "fail" if "lower bound" in r.reason.split("fp32: ")[1] and "> 2%" in r.reason.split("fp32: ")[1]
-                                                                                             else "inconclusive")
+        else "inconclusive")
     assert hi_status == status, r.reason
     assert "one-sided 97.5%" in r.reason
     assert r.figures["disagreement_lower"]["fp32"] <= k / n <= r.figures["disagreement_upper"]["fp32"]

@@ -73,7 +73,7 @@ def test_a_continuation_that_moves_while_its_item_stays_divergent_is_reported() 
     assert t["changed"] == 0 and t["continuations_changed"] == 1
     assert t["continuations"][0] | {"was_ids": None, "now_ids": None} == {
         "item": "sum-004", "construction": "prefill", "position": 2, "was": 5, "now": 6, "was_ids": None,
-                                                                          "now_ids": None}
+        "now_ids": None}
     found = findings(diff, Rules.parse(None))
     assert [(f["metric"], f["kind"], f["changed"]) for f in found] == [("continuations", "change", 1)]  # reported
     failing = findings(diff, Rules.parse("continuations:change"))

@@ -91,8 +91,8 @@ def test_a_claim_needing_what_its_backend_lacks_is_not_applicable() -> None:
         needs = ("transplants", "layer_sweep")
 
     assert Swept().applicable(AuditConfig()) is None
-    assert "llama.cpp backend cannot compute layer_sweep" in (Swept().applicable(AuditConfig(backend="llama.cpp"))
-                                                              or "")
+    why = Swept().applicable(AuditConfig(backend="llama.cpp")) or ""
+    assert "llama.cpp backend cannot compute layer_sweep" in why
     plan = decides({"units": 1}, {"units": (10, 10)}, "why not")
     assert plan["decides"] == NOT_APPLICABLE and plan["why"] == "why not"
 

@@ -216,8 +216,8 @@ def attention_price(prompt: int, head: int, suffix: int, generated: int) -> Pric
 def cache_price(prompt: int, head: int, suffix: int, generated: int) -> Price:
     """:func:`cache_axis` on one eligible unit: its own trajectory, the prefill and the incremental replay with
     their suffixes, and the transplant's continuation."""
-    return [LIVE.price(prompt, generated), *(step_named(n).price(prompt, head, suffix) for n in ("prefill",
-                                                                                                 "incremental")),
+    return [LIVE.price(prompt, generated),
+            *(step_named(n).price(prompt, head, suffix) for n in ("prefill", "incremental")),
             (suffix, suffix)]
 
 

@@ -99,8 +99,8 @@ class Step:
 LIVE = Step("live", "trajectory", TRAJECTORY)
 LIVE_REPLICA = Step("live" + REPLICA, "replicas", TRAJECTORY)
 #: the 2x2's own cells on the first precision's prefix ids (``CellRecord.fixed["replay"|"prefill"]``)
-FIXED = (Step("fixed:replay", "fixed", CONSTRUCTION, "incremental"), Step("fixed:prefill", "fixed", CONSTRUCTION,
-                                                                          "prefill"))
+FIXED = (Step("fixed:replay", "fixed", CONSTRUCTION, "incremental"),
+         Step("fixed:prefill", "fixed", CONSTRUCTION, "prefill"))
 #: a transplant's continuation; its controls' (sham, identical layers); the layer sweep's
 TRANSPLANT = Step("transplant", "transplants", CONTINUATION)
 CONTROL = Step("control", "controls", CONTINUATION)

@@ -34,8 +34,8 @@ _LOADED: set[str] = set()
 _NAME = re.compile(r"([a-z_][a-z0-9_]*)(?:\((\d+)\))?")
 
 
-def register_schedule(name: str, *, every_cell: bool = True, forwards: bool = True) -> Callable[[ScheduleFn],
-                                                                                                ScheduleFn]:
+def register_schedule(name: str, *, every_cell: bool = True,
+                      forwards: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
     """Register ``fn`` as the chunk schedule ``name``; with ``every_cell`` (the default) every cell computes
     it as a construction. The built-in entries pass ``every_cell=False``: the pipeline gives them their roles,
     and so do a backend's own constructions (:mod:`pytest_kvaudit.core.model.engine_constructions`). ``forwards=False``:

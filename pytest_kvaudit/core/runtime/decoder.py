@@ -153,9 +153,8 @@ class _LogitsDigest:
         return self.h.hexdigest()
 
 
-def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int,
-                    margins: list[float] | None = None, follow: tuple[int, ...] | None = None) -> tuple[tuple[int, ...],
-                                                                                                        str]:
+def continue_greedy(dec: Decoder, state: Any, last_token: int, budget: int, margins: list[float] | None = None,
+                    follow: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], str]:
     """Feed ``last_token`` onto ``state`` (mutated), then decode greedily up to ``budget`` tokens or EOS.
 
     Returns the suffix and the digest of every logits vector on the way; ``margins`` (when given)

@@ -107,8 +107,8 @@ class LeanStep:
                              **{cache_kwarg(self.model): theirs}).logits[0, -1]
         mine = self._step(tok, cache)
         same = torch.equal(mine, ref) and all(
-            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(cache.layers,
-                                                                                            theirs.layers))
+            torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            for a, b in zip(cache.layers, theirs.layers))
         if not same:
             self.reason = "its first step differed from transformers' forward"
             cache.layers[:] = theirs.layers  # the caller gets transformers' own cache and logits

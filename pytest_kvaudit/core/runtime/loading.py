@@ -189,8 +189,8 @@ def load_model(path: Path, spec: OpenSpec, device: str) -> Any:
         if "trust_remote_code" in first:
             raise KvauditError(f"checkpoint {path} needs custom code: pass --kvaudit-trust-remote-code if you "
                                "trust it") from None
-        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn
-                                                               else "") + f": {first}") from None
+        raise KvauditError(f"cannot load {path} at {dtype}" + (f" with attention {attn!r}" if attn else "")
+                           + f": {first}") from None
     except OSError as exc:
         raise KvauditError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
     except Exception as exc:  # safetensors' and torch's own errors on files that check_files let through

@@ -97,8 +97,8 @@ def test_the_default_for_chat_checkpoints_only(tmp_path: Path) -> None:
     chat.mkdir()
     (chat / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     assert (BUILTIN_DEFAULT, BUILTIN_CHAT_DEFAULT) == (v2.NAME, v3.NAME)
-    for model, mode, want in ((plain, None, v2.NAME), (chat, None, v3.NAME), (chat, False, v2.NAME), (plain, True,
-                                                                                                      v3.NAME)):
+    for model, mode, want in ((plain, None, v2.NAME), (chat, None, v3.NAME), (chat, False, v2.NAME),
+                              (plain, True, v3.NAME)):
         cfg, iset = resolve(AuditConfig(model=str(model), n=3, chat_template=mode))
         assert item_set_name(iset) == want and len(iset.items) == 3, (model, mode)
         assert cfg.chat_template is (want == v3.NAME)

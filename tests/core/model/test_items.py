@@ -98,8 +98,8 @@ def test_fuzz_any_text_gives_items_or_our_error(text: str) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["id", "prompt", "prompt_ids", "answer",
-                                                                         "boundary", "x"]), c, max_size=5),
+    lambda c: st.lists(c, max_size=4)
+    | st.dictionaries(st.sampled_from(["id", "prompt", "prompt_ids", "answer", "boundary", "x"]), c, max_size=5),
     max_leaves=12,
 )
 

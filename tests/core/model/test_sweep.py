@@ -170,8 +170,8 @@ class Scripted:
 
 @pytest.mark.parametrize(("follow", "calls"), [((3, 4, 5, 6), 5), ((3, 4, 7, 6, 5, 4), 3), ((3, 4, 5, 6, 7, 1), 6),
                                                (None, 6)])
-def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(follow: tuple[int, ...] | None,
-                                                                      calls: int) -> None:
+def test_a_sweep_point_stops_decoding_where_it_departs_from_the_donor(
+        follow: tuple[int, ...] | None, calls: int) -> None:
     from pytest_kvaudit.core.runtime.decoder import continue_greedy
 
     dec = Scripted((3, 4, 5, 6, 7, 1, 2))

@@ -119,8 +119,8 @@ def test_header_says_the_source_and_how_to_turn_it_off() -> None:
 
 def test_the_report_carries_it_only_where_there_is_something_to_say() -> None:
     assert report_block(None, False, None) == {}  # the embedded checkpoint's report stays as it was
-    assert report_block(None, True, "t.jinja") == {"chat_template": {"mode": "auto", "applied": True,
-                                                                     "source": "t.jinja"}}
+    assert report_block(None, True, "t.jinja") == {
+        "chat_template": {"mode": "auto", "applied": True, "source": "t.jinja"}}
     assert report_block(False, False, "t.jinja")["chat_template"]["applied"] is False
 
 
