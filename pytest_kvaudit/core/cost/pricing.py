@@ -153,8 +153,9 @@ def price_units(units: Iterable[Unit], request_price: RequestPrice | None = None
                 else:
                     _construction(acc, name, name, u.prompt, u.head, s)
             if u.transplant_tokens:
-                again = u.head * u.transplants if own("transplant", u.prompt, u.head, 0, 0) is not None else 0
-                add(acc, "transplants", u.transplant_tokens + u.transplants * bool(again), u.transplant_tokens + again)
+                # a request-level engine prefills each transplant's receiver again: one more step and head ids each
+                n = u.transplants if own("transplant", u.prompt, u.head, 0, 0) is not None else 0
+                add(acc, "transplants", u.transplant_tokens + n, u.transplant_tokens + n * u.head)
         if u.probe_tokens:
             add(acc, "probes", 0, u.probe_tokens)
     return acc

@@ -250,9 +250,10 @@ def request_costs(r: Any) -> dict[str, tuple[int, int]]:
 
 
 def _requested(r: Any, group: str, construction: str | None = None) -> int:
+    """Tokens of ``r``'s requests owned by ``group`` (by ``construction`` of it, when one is named)."""
+    owners = {name: request_owner(name) for name in request_costs(r)}
     return sum(t for name, (_, t) in request_costs(r).items()
-               if request_owner(name) == (group, construction) or (construction is None and
-                                                                   request_owner(name)[0] == group))
+               if owners[name][0] == group and construction in (None, owners[name][1]))
 
 
 def construction_tokens(r: Any, name: str) -> int:
