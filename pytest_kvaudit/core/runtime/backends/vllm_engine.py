@@ -174,6 +174,56 @@ def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
     return frozenset(int(i) for i in ids)
 
 
+ARG = "--kvaudit-engine-arg"
+#: pydantic's pointer to its docs: the last line of every refusal, and no reason
+_URL = "errors.pydantic.dev"
+
+
+def said(exc: BaseException) -> str:
+    """vLLM's reason in one line: each pydantic error as ``Config.field: message (given value)``, else the first
+    line of the message that is not pydantic's URL. A wrapped error is looked for along ``__cause__``."""
+    seen: BaseException | None = exc
+    while seen is not None and not (callable(getattr(seen, "errors", None)) and hasattr(seen, "title")):
+        seen = seen.__cause__
+    if seen is not None:
+        parts = []
+        for err in seen.errors():  # type: ignore[attr-defined]
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            msg = _short(str(err.get("msg", "")).removeprefix("Value error, "))
+            given = f" (given {err['input']!r})" if loc and isinstance(err.get("input"), str | int | float) else ""
+            parts.append(f"{seen.title}{'.' + loc if loc else ''}: {msg}{given}")  # type: ignore[attr-defined]
+        text = "; ".join(parts)
+    else:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and _URL not in ln]
+        text = _short(lines[0]) if lines else type(exc).__name__
+    return text[:600]
+
+
+def _short(msg: str) -> str:
+    """A long message's first sentence: vLLM's advice after it is about its own flags and environment."""
+    first = msg.split(". ")[0]
+    return (first if len(msg) > 160 and len(first) >= 40 else msg).rstrip(".")
+
+
+def named(args: dict[str, str], text: str) -> str:
+    """The settings a refusal is about: those whose key (or its words) it names, else all of them."""
+    low = text.lower()
+    hit = {k: v for k, v in args.items() if k in low or k.replace("_", " ") in low
+           or any(part and k.endswith(part) for part in _fields(low))}
+    return " ".join(f"{k}={v}" for k, v in sorted((hit or args).items()))
+
+
+def _fields(text: str) -> list[str]:
+    """``Config.field`` words in a refusal (``CacheConfig.cache_dtype`` for ``kv_cache_dtype``)."""
+    return [w.split(".", 1)[1].rstrip(":") for w in text.split() if "config." in w and "." in w]
+
+
+def refusal(args: dict[str, str], exc: BaseException) -> KvauditError:
+    """One line for a setting vLLM refused, naming it and vLLM's reason."""
+    reason = said(exc)
+    return KvauditError(f"{ARG} {named(args, reason)}: vLLM refuses it: {reason}")
+
+
 def engine_value(text: str) -> Any:
     """An engine argument's value from its text: true/false, none, an int, a float, JSON for ``{...}``/``[...]``,
     else the text itself (``kv_cache_dtype=fp8``)."""
