@@ -120,13 +120,15 @@ class SchedulerHooks:
     def __init__(self, scheduler: Any) -> None:
         self.freed: dict[str, list[int]] = {}
         self.steps: list[dict[str, int]] = []
-        #: called once with the first request's blocks between the call's first engine step and its second (a
-        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them).
-        #: It runs when the first step's output is taken (``update_from_output``), not at the next ``schedule``:
-        #: the engine may call ``schedule`` again (empty) while that step still executes (its batch queue), and a
-        #: write then lands under the prefill's own, layer by layer
+        #: called once with the first request's blocks between the engine step that completes its prompt and the
+        #: next (a transplant: the prompt's K/V written over after its prefill, before the first decode step reads
+        #: them); under a small token budget (``max_num_batched_tokens``) the prompt takes several steps, and the
+        #: blocks are the manager's once it is whole. It runs when that step's output is taken
+        #: (``update_from_output``), not at the next ``schedule``: the engine may call ``schedule`` again (empty)
+        #: while that step still executes (its batch queue), and a write then lands under the prefill's own
         self.between: Callable[[list[int]], None] | None = None
-        self.first_blocks: list[int] = []
+        self.first_id: str | None = None
+        self.first_left = 0  # prompt tokens of the first request its steps have not computed yet
         free, schedule = internal(scheduler, "_free_request_blocks"), internal(scheduler, "schedule")
         update = internal(scheduler, "update_from_output")
         manager = internal(scheduler, "kv_cache_manager")
@@ -140,17 +142,22 @@ class SchedulerHooks:
 
         def scheduling(*a: Any, **kw: Any) -> Any:
             out = schedule(*a, **kw)
-            if not self.first_blocks and out.scheduled_new_reqs:
-                self.first_blocks = list(out.scheduled_new_reqs[0].block_ids[0])
+            if self.first_id is None and out.scheduled_new_reqs:
+                first = out.scheduled_new_reqs[0]
+                self.first_id = first.req_id
+                self.first_left = len(first.prompt_token_ids or ()) - int(first.num_computed_tokens)
             if out.num_scheduled_tokens:  # an empty schedule (nothing ready while a step runs) is no step
                 self.steps.append(dict(out.num_scheduled_tokens))
             return out
 
         def updating(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
             result = update(scheduler_output, *a, **kw)
-            if self.between is not None and self.first_blocks and scheduler_output.num_scheduled_tokens:
-                fn, self.between = self.between, None  # the first step executed: its K/V are in the blocks
-                fn(self.first_blocks)
+            done = scheduler_output.num_scheduled_tokens.get(self.first_id, 0) if self.first_id else 0
+            if done and self.first_left > 0:
+                self.first_left -= done
+                if self.first_left <= 0 and self.between is not None:  # its prompt's K/V are all in the blocks
+                    fn, self.between = self.between, None
+                    fn(list(manager.get_block_ids(self.first_id)[0]))
             return result
 
         scheduler._free_request_blocks = freeing
@@ -160,7 +167,7 @@ class SchedulerHooks:
     def clear(self) -> None:
         self.freed.clear()
         self.steps.clear()
-        self.first_blocks = []
+        self.first_id, self.first_left = None, 0
 
 
 def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
