@@ -1,6 +1,6 @@
 """``--kvaudit-engine-arg KEY=VALUE`` (repeatable; ini twin ``kvaudit_engine_arg``, one pair a line): arguments
 passed as given to an engine that takes them (vLLM's ``LLM``), read and checked at configure time. What each
-value means is the engine's to say (:func:`pytest_kvaudit.core.runtime.backends.vllm_engine.engine_kwargs`
+value means is the engine's to say (:func:`pytest_kvaudit.engines.vllm.engine.engine_kwargs`
 checks the keys against vLLM's own ``EngineArgs`` when the engine loads)."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   against live and against cold with Wilson intervals, and where the states first differ (layer, position).
 
 A unit counts as a hit only with the engine's proof (``num_cached_tokens > 0``); the others are counted apart.
-The cells come from :mod:`pytest_kvaudit.core.compute.vllm_hits`.
+The cells come from :mod:`pytest_kvaudit.engines.vllm.hits`.
 """
 
 from __future__ import annotations

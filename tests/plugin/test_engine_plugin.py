@@ -21,7 +21,7 @@ from pytest_kvaudit.core.compute.cells import CellBuilder
 from pytest_kvaudit.core.model.engines import EngineSpec, register_backend
 from pytest_kvaudit.core.planning.calibrate import forward_calibration
 from pytest_kvaudit.core.runtime import state as kv
-from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend, open_spec
+from pytest_kvaudit.engines.transformers.backend import TransformersBackend, open_spec
 
 USED = {"cells": 0, "calibrations": 0, "restores": 0, "reads": 0, "step": 0, "step_batch": 0, "shape": 0}
 

@@ -34,7 +34,12 @@ LAYERS = {
     "workers": {"workers", *_CORE},
     "claims": {"claims", *_CORE},
     "report": {"report", "claims", *_CORE},
+    "engines": {"engines"},
 }
+#: each engine is one folder (``engines/<name>/``): it may import the core and itself, never another engine, and
+#: nothing in the core, the claims, the workers or the reports imports it (only its entry point names it)
+ENGINES = sorted(p.parent.name for p in (PKG / "engines").glob("*/__init__.py"))
+LAYERS.update({f"engines.{e}": {"engines", f"engines.{e}", *_CORE} for e in ENGINES})
 #: the most import floors within one layer: a module that imports nothing of its layer is floor 1
 MAX_FLOORS = 6
 BUILTIN_CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
@@ -112,6 +117,8 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> str:
     parts = module.split(".")[1:]
+    if parts[:1] == ["engines"]:
+        return "engines." + parts[1] if len(parts) > 1 else "engines"
     if parts[:1] == ["core"]:
         return "core." + parts[1] if len(parts) > 2 or (len(parts) == 2 and f"core.{parts[1]}" in LAYERS) else "core"
     return parts[0] if parts and (len(parts) > 1 or parts[0] in LAYERS) else "pytest side"
@@ -265,7 +272,7 @@ def test_strings_that_name_modules_count_as_imports(tmp_path: Path) -> None:
     assert imports(f, "x") == {"pytest_kvaudit.core.compute.store", "pytest_kvaudit.report"}
     targets = {t for group in entry_points().values() for t in group.values()}
     assert targets and all(named_module(t, modules()) for t in targets), targets
-    assert "pytest_kvaudit.core.planning.builtin_engines" in graph()["pytest_kvaudit.plugin"]
+    assert "pytest_kvaudit.engines.vllm.record" in graph()["pytest_kvaudit.plugin"]
 
 
 def test_the_model_layer_names_no_higher_layer_in_a_string() -> None:

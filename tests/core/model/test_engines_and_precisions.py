@@ -51,7 +51,7 @@ def test_a_record_that_cannot_run_is_refused_in_one_line() -> None:
     with pytest.raises(KvauditError, match="unknown precision 'fp8'"):
         EngineSpec("x", _open, precisions=("fp8",))
     with pytest.raises(KvauditError, match="register_backend takes an EngineSpec, not str"):
-        register_backend("pytest_kvaudit.core.runtime.backends.transformers:open_spec")  # type: ignore[arg-type]
+        register_backend("pytest_kvaudit.engines.transformers.backend:open_spec")  # type: ignore[arg-type]
     with pytest.raises(KvauditError, match="not a known backend: use .*transformers"):
         engine("vllm-but-misspelt")
 
@@ -85,8 +85,8 @@ def test_each_precision_is_declared_once() -> None:
 
 
 def test_the_engines_read_the_table_instead_of_a_copy() -> None:
-    from pytest_kvaudit.core.runtime.backends.llamacpp import KV_TYPES
-    from pytest_kvaudit.core.runtime.backends.vllm_engine import DTYPES
+    from pytest_kvaudit.engines.llama_cpp.backend import KV_TYPES
+    from pytest_kvaudit.engines.vllm.engine import DTYPES
 
     assert KV_TYPES == {"bf16": (30, "bf16"), "fp16": (1, "f16"), "fp32": (0, "f32"), "q8_0": (8, "q8_0")}
     assert DTYPES == {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -33,7 +33,7 @@ def test_the_transformers_backend_loads_with_identity(tiny_llama: Path) -> None:
     state = b.fresh()
     logits = b.step(b.encode("1+2=")[:3], state)
     assert logits.shape[-1] == b.vocab_size and b.decode([0]) == b.tokenizer.decode([0], skip_special_tokens=False)
-    from pytest_kvaudit.core.runtime.backends.transformers import open_spec
+    from pytest_kvaudit.engines.transformers.backend import open_spec
 
     register_backend(EngineSpec("twin", open_spec))
     assert open_backend("twin", str(tiny_llama), "fp32", "cpu").identity == b.identity

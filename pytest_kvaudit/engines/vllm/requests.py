@@ -1,4 +1,4 @@
-"""The plain arithmetic of a vLLM cell (:mod:`.vllm_cells`): which request builds a construction, where a
+"""The plain arithmetic of a vLLM cell (:mod:`.cells`): which request builds a construction, where a
 whole-block hit's boundary lies, how a suffix is cut by the stop rule, and the digests of top-k logit rows.
 Pure functions of ids and numbers: no engine, no torch."""
 
@@ -98,7 +98,7 @@ BLOCK = 32
 
 def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -> tuple[int, int] | None:
     """The plan's price (calls, tokens) of a vLLM step that is not the pipeline's forward model, from the
-    requests :class:`.vllm_cells.VllmCellBuilder` sends (``head`` ids before the prefix's last, ``suffix`` decode
+    requests :class:`.cells.VllmCellBuilder` sends (``head`` ids before the prefix's last, ``suffix`` decode
     steps, ``budget`` what a request may decode); None for a step priced as declared (``prefill``,
     ``incremental``, ``chunked(c)`` and the 2x2's cells cost what their forwards do):
 

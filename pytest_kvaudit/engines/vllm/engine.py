@@ -1,6 +1,6 @@
-"""What the vLLM backend (:mod:`.vllm`) needs of vLLM itself: the engine's environment and settings, the
+"""What the vLLM backend (:mod:`.backend`) needs of vLLM itself: the engine's environment and settings, the
 import, the internal names it reads (:func:`internal`), a finished request (:class:`Done`) and the scheduler
-hooks (the teacher-forcing logits processor is :mod:`.vllm_force`). No module here imports :mod:`.vllm`, so the
+hooks (the teacher-forcing logits processor is :mod:`.force`). No module here imports :mod:`.backend`, so the
 calibration and the cells can read the settings without a circle."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ BATCH_INVARIANT = "batch_invariant"
 DTYPES = {p.name: p.torch for p in PRECISIONS if p.torch is not None}  # the one precision table's torch names
 TOP_K = 20
 FORCE = "kvaudit_force"
-#: a request's stop rule, for :class:`.vllm_force.ForceTokens`: ``regex``, ``eos`` (the id it forces), and where the
+#: a request's stop rule, for :class:`.force.ForceTokens`: ``regex``, ``eos`` (the id it forces), and where the
 #: suffix starts: ``after`` ids into the output (behind ``lead`` ids already in the prompt), or the boundary
 #: rule (``marker``/``tokens``) found in the output
 STOP = "kvaudit_stop"

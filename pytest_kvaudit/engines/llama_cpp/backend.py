@@ -32,10 +32,10 @@ from pytest_kvaudit.core.model.engine_constructions import RESTORE, WARM
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
 from pytest_kvaudit.core.model.precisions import PRECISIONS
-from pytest_kvaudit.core.runtime.backends.llamacpp_tokens import LlamaCppTokenizer
 from pytest_kvaudit.core.runtime.gguf import _causal_lm_class, gguf_file
 from pytest_kvaudit.core.runtime.loading import file_digest
 from pytest_kvaudit.core.runtime.state.whole import NOT_AVAILABLE, WholeState
+from pytest_kvaudit.engines.llama_cpp.tokens import LlamaCppTokenizer
 
 NAME = "llama.cpp"
 INSTALL = "pip install 'pytest-kvaudit[llamacpp]'"

@@ -12,11 +12,11 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from pytest_kvaudit.core.model.config import BoundaryRule
 from pytest_kvaudit.core.model.items import find_boundary, token_text
-from pytest_kvaudit.core.runtime.backends.vllm_engine import FORCE, STOP
+from pytest_kvaudit.engines.vllm.engine import FORCE, STOP
 
 
 class _Row:
-    """One request's forced ids and stop rule (:data:`.vllm_engine.STOP`), with its output ids (vLLM's list)."""
+    """One request's forced ids and stop rule (:data:`.engine.STOP`), with its output ids (vLLM's list)."""
 
     def __init__(self, force: Sequence[int], stop: dict[str, Any] | None, out: list[int]) -> None:
         self.force, self.out, self.stop = list(force), out, stop
@@ -49,7 +49,7 @@ class ForceTokens(LogitsProcessor):  # type: ignore[misc]
     carrying ``extra_args[STOP]`` is ended the way the item set's stop rule ends a transformers suffix: once the
     suffix's text matches, the next token is forced to EOS (a stop token), so vLLM stops decoding there
     instead of at the budget, and the tokens up to the match are the ones a stopped decoder writes (the forced
-    EOS is cut by :func:`pytest_kvaudit.core.compute.vllm_requests.stopped`). The raw logits the audit reads are
+    EOS is cut by :func:`pytest_kvaudit.engines.vllm.requests.stopped`). The raw logits the audit reads are
     taken before any processor runs."""
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:

@@ -4,11 +4,11 @@
   the whole blocks the live request wrote while decoding and prefills the tail after the last full block
   again, as in every multi-turn chat. Judged against live and against cold (``prefill``);
 - **whole-block** (``requests["warm:block"]``): the same hit at the nearest block edge inside the working
-  (:func:`.vllm_requests.block_edge`), an extra construction beside the item's own boundary: all of
+  (:func:`.requests.block_edge`), an extra construction beside the item's own boundary: all of
   ``prefix[:-1]`` is reused and ``prefix[-1]`` computed alone, so it must be the live request bit for bit
   (blocks, suffix, top-k logits);
 - **cross-request** (``cross``): the cold construction's request on blocks that *another* request wrote, one
-  that shares the prefix's whole blocks and nothing after (:func:`.vllm_requests.other_tail`).
+  that shares the prefix's whole blocks and nothing after (:func:`.requests.other_tail`).
 
 A request that hit nothing is recorded with ``num_cached_tokens == 0`` and never counted as a hit.
 """
@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kvaudit.core.compute.vllm_requests import (
+from pytest_kvaudit.core.model.records import CellRecord
+from pytest_kvaudit.engines.vllm import state as vs
+from pytest_kvaudit.engines.vllm.requests import (
     block_edge,
     cacheable,
     logits_fp,
@@ -28,8 +30,6 @@ from pytest_kvaudit.core.compute.vllm_requests import (
     perturbed,
     stopped,
 )
-from pytest_kvaudit.core.model.records import CellRecord
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
 
 WARM, WHOLE, CROSS = "warm", "warm:block", "cross"
 

@@ -1,4 +1,4 @@
-"""The anatomy and the transplants of a divergent vLLM cell (:mod:`.vllm_cells`).
+"""The anatomy and the transplants of a divergent vLLM cell (:mod:`.cells`).
 
 A transplant is one request over ``prefix[:-1]`` with ``prefix[-1]`` forced: its prefill runs, then the composed
 state is written over every position of its blocks before the first decode step reads them
@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kvaudit.core.compute.vllm_requests import margins, stopped
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
+from pytest_kvaudit.engines.vllm import state as vs
+from pytest_kvaudit.engines.vllm.requests import margins, stopped
 
 
 def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[int]], str]) -> None:

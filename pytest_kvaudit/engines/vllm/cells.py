@@ -6,7 +6,7 @@ step is one or more requests.
 
 Each construction is one request on a cold prefix cache (``reset_prefix_cache()`` first, so a unit never
 depends on what the worker served before) whose K/V over ``prefix[:-1]`` are read from its blocks as it
-finishes (:meth:`pytest_kvaudit.core.runtime.backends.vllm.VllmBackend.read`), and whose continuation starts
+finishes (:meth:`pytest_kvaudit.engines.vllm.backend.VllmBackend.read`), and whose continuation starts
 from ``prefix[-1]``:
 
 - ``live``: the request that generated the trajectory; its suffix is its own tokens after the boundary;
@@ -15,7 +15,7 @@ from ``prefix[-1]``:
 - ``prefill`` (cold): ``prefix[:-1]`` at once, ``prefix[-1]`` forced as a decode step; ``num_cached_tokens == 0``;
 - ``chunked(c)``: ``prefill`` under a scheduler token budget of ``c`` (the prefill steps are the proof);
 - ``batched(B)``: ``prefill`` served in one call with ``B`` other requests (the step's request count is the proof);
-- the prefix cache's three hit shapes (:mod:`.vllm_hits`): ``warm`` (partial, at the item's boundary),
+- the prefix cache's three hit shapes (:mod:`.hits`): ``warm`` (partial, at the item's boundary),
   ``requests["warm:block"]`` (whole-block, at the nearest block edge inside the working) and ``cross``;
 - the 2x2's ``fixed:replay`` and ``fixed:prefill`` are ``incremental`` and ``prefill`` on the fixed ids.
 
@@ -28,11 +28,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvaudit.core.compute import vllm_hits as hits
-from pytest_kvaudit.core.compute import vllm_lossy
-from pytest_kvaudit.core.compute import vllm_transplants as vt
 from pytest_kvaudit.core.compute.cells import CellBuilder
-from pytest_kvaudit.core.compute.vllm_requests import (
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import BoundaryRule
+from pytest_kvaudit.core.model.digests import fingerprint_ids
+from pytest_kvaudit.core.model.items import Item, find_boundary
+from pytest_kvaudit.core.model.pipeline import FIXED, LIVE_REPLICA, constructions
+from pytest_kvaudit.core.model.records import TAIL_CHARS, TAIL_TOKENS, CellRecord, Continuation
+from pytest_kvaudit.engines.vllm import hits
+from pytest_kvaudit.engines.vllm import lossy as vllm_lossy
+from pytest_kvaudit.engines.vllm import state as vs
+from pytest_kvaudit.engines.vllm import transplants as vt
+from pytest_kvaudit.engines.vllm.requests import (
     REQUESTS,
     ineligible,
     logits_fp,
@@ -42,13 +49,6 @@ from pytest_kvaudit.core.compute.vllm_requests import (
     stop_rule,
     stopped,
 )
-from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.config import BoundaryRule
-from pytest_kvaudit.core.model.digests import fingerprint_ids
-from pytest_kvaudit.core.model.items import Item, find_boundary
-from pytest_kvaudit.core.model.pipeline import FIXED, LIVE_REPLICA, constructions
-from pytest_kvaudit.core.model.records import TAIL_CHARS, TAIL_TOKENS, CellRecord, Continuation
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
 
 __all__ = ["REQUESTS", "VllmCellBuilder", "stopped"]
 WARM = hits.WARM
@@ -66,7 +66,7 @@ class Live:
 
 
 class VllmCellBuilder(CellBuilder):
-    """A cell computed from vLLM requests (:mod:`pytest_kvaudit.core.compute.vllm_cells`)."""
+    """A cell computed from vLLM requests (:mod:`pytest_kvaudit.engines.vllm.cells`)."""
 
     def __init__(self, dec: Any, tokenizer: Any, cfg: Any, item_set: Any,
                  transplant: Callable[[Any, Any, Any, str], Any] | None = None,
@@ -81,7 +81,7 @@ class VllmCellBuilder(CellBuilder):
 
     def stop_rule(self, after: int | None = None, lead: Sequence[int] = (),
                   rule: BoundaryRule | None = None) -> dict[str, Any] | None:
-        """The item set's stop rule for a request (:func:`.vllm_requests.stop_rule`)."""
+        """The item set's stop rule for a request (:func:`.requests.stop_rule`)."""
         return stop_rule(self.item_set.stop_regex, after, lead, rule)
 
     def request(self, rec: CellRecord, name: str, first: Sequence[int], force: Sequence[int], budget: int,

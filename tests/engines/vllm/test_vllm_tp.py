@@ -22,7 +22,7 @@ pytest.importorskip("vllm",
 import torch  # noqa: E402
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR  # noqa: E402
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
+from pytest_kvaudit.engines.vllm import state as vs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TP2 = {"tensor_parallel_size": "2", "distributed_executor_backend": "mp"}  # as --kvaudit-engine-arg gives them
@@ -31,14 +31,14 @@ IDS = [3 + i % 10 for i in range(70)]  # 69 positions: two whole blocks and a pa
 
 @pytest.fixture(scope="module")
 def two() -> Any:
-    from pytest_kvaudit.core.runtime.backends.vllm import open_backend
+    from pytest_kvaudit.engines.vllm.backend import open_backend
 
     return open_backend(str(EMBEDDED_DIR), "bf16", engine_args=TP2)
 
 
 @pytest.fixture(scope="module")
 def engines(two: Any) -> tuple[Any, Any]:
-    from pytest_kvaudit.core.runtime.backends.vllm import open_backend
+    from pytest_kvaudit.engines.vllm.backend import open_backend
 
     return open_backend(str(EMBEDDED_DIR), "bf16"), two
 
@@ -49,7 +49,7 @@ def _served(be: Any) -> tuple[Any, Any]:
 
 
 def test_tp2_serves_tp1s_tokens_and_its_state_is_tp1s_heads(engines: tuple[Any, Any]) -> None:
-    from pytest_kvaudit.core.runtime.backends.vllm_ranks import read_rank
+    from pytest_kvaudit.engines.vllm.ranks import read_rank
 
     one, two = engines
     assert (one.ranks.tp, two.ranks.tp, two.ranks.layout.kv_heads, one.ranks.layout.kv_heads) == (1, 2, 1, 2)

@@ -1,7 +1,7 @@
 """A request's K/V as vLLM keeps it, copied out of its blocks on every rank into one layout-free form.
 
 Each attention backend keeps K and V in its own layout inside the blocks
-(:mod:`pytest_kvaudit.core.runtime.backends.vllm_layout` reads and writes through it), and under tensor
+(:mod:`pytest_kvaudit.engines.vllm.layout` reads and writes through it), and under tensor
 parallelism each rank holds some of the KV heads. :class:`VllmState` keeps, per layer, the request's K and V
 over its positions with every rank's heads in order, ``[2, kv_heads, positions, head_dim]``: the same tensor
 whatever the backend, the layout or the TP degree, so a state from TP=2 equals TP=1's head for head. The

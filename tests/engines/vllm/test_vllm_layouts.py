@@ -24,8 +24,8 @@ pytest.importorskip("vllm",
 import torch  # noqa: E402
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError  # noqa: E402
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
-from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout, layout_of  # noqa: E402
+from pytest_kvaudit.engines.vllm import state as vs  # noqa: E402
+from pytest_kvaudit.engines.vllm.layout import KvLayout, layout_of  # noqa: E402
 
 BACKENDS = {"CPU_ATTN": ("cpu_attn", "CPUAttentionBackend"), "FLASH_ATTN": ("flash_attn", "FlashAttentionBackend"),
             "TRITON_ATTN": ("triton_attn", "TritonAttentionBackend"),
