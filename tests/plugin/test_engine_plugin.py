@@ -18,7 +18,7 @@ from pytest_kvaudit.core.model.engines import engine
 SERVED = '''
 import json
 from pytest_kvaudit.core.compute.cells import CellBuilder
-from pytest_kvaudit.core.model.engines import EngineSpec, register_backend
+from pytest_kvaudit.core.engine import EngineSpec, register_backend
 from pytest_kvaudit.core.planning.calibrate import forward_calibration
 from pytest_kvaudit.core.runtime import state as kv
 from pytest_kvaudit.engines.transformers.backend import TransformersBackend, open_spec

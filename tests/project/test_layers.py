@@ -17,10 +17,12 @@ from kvtest import REPO
 
 PKG = REPO / "pytest_kvaudit"
 _CORE = ("core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute", "core.gate",
-         "core.planning")
+         "core.planning", "core.requests", "core.engine")
 #: each layer and the layers it may import (the pytest side, at the top, may import all of them). The core, from
 #: the bottom: errors and atomic writes; plain data; the built-in item sets; arithmetic on lengths; torch and the
-#: engines; the computation; the baseline gate's logic; the plan. Over the core: the workers and the claims; the
+#: engines; the computation; a request-level engine's shared cells (over the computation); the baseline gate's
+#: logic; the plan; an engine's record (its parts' defaults are the
+#: forward-level computation and calibration). Over the core: the workers and the claims; the
 #: reports, which render the claims, over those
 LAYERS = {
     "core": {"core"},
@@ -30,7 +32,10 @@ LAYERS = {
     "core.runtime": {"core", "core.model", "core.itemsets", "core.runtime"},
     "core.compute": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute"},
     "core.gate": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.gate"},
-    "core.planning": set(_CORE),
+    "core.requests": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute",
+                      "core.requests"},
+    "core.planning": set(_CORE) - {"core.engine", "core.requests"},
+    "core.engine": set(_CORE),
     "workers": {"workers", *_CORE},
     "claims": {"claims", *_CORE},
     "report": {"report", "claims", *_CORE},

@@ -1,4 +1,4 @@
-"""The llama.cpp engine's record (:class:`~pytest_kvaudit.core.model.engines.EngineSpec`), declared as the
+"""The llama.cpp engine's record (:class:`~pytest_kvaudit.core.engine.record.EngineSpec`), declared as the
 ``llama.cpp`` entry point of the ``kvaudit.engines`` group in ``pyproject.toml``."""
 
 from __future__ import annotations
@@ -6,12 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kvaudit.core.compute.cells import CellBuilder
+from pytest_kvaudit.core.engine.record import EngineSpec
 from pytest_kvaudit.core.model.engine_constructions import RESTORE, WARM
-from pytest_kvaudit.core.model.engines import EngineSpec
-from pytest_kvaudit.core.model.precisions import PRECISIONS
-from pytest_kvaudit.core.planning.calibrate import forward_calibration
-from pytest_kvaudit.core.runtime import state
 from pytest_kvaudit.engines.llama_cpp import backend
 
 __all__ = ["LLAMA_CPP"]
@@ -28,6 +24,5 @@ def _llamacpp_lines(env: Mapping[str, Any]) -> list[str]:
 
 LLAMA_CPP = EngineSpec(backend.NAME, backend.open_spec, constructions=(WARM, RESTORE),
                        lacks=frozenset({"per_layer", "layer_sweep", "batch_invariance"}),
-                       precisions=tuple(p.name for p in PRECISIONS if p.ggml is not None),
-                       cell_builder=CellBuilder, calibrator=forward_calibration, state_reader=state,
+                       precisions=tuple(backend.KV_TYPES),
                        report_lines=_llamacpp_lines, cache_kinds=())

@@ -2,7 +2,7 @@
 process, with its automatic prefix cache, paged K/V blocks and scheduler.
 
 vLLM cannot run one forward of caller-chosen ids on a caller-held cache, so its constructions are *requests*
-(:mod:`pytest_kvaudit.engines.vllm.cells` builds the cell from them) and this module is the engine's side of them:
+(:mod:`pytest_kvaudit.core.requests.cells` builds the cell from them) and this module is the engine's side of them:
 
 - :meth:`VllmBackend.run` serves a batch of requests greedily (``temperature=0``) and returns, per request,
   its tokens, the top-k raw logits of every step (``logprobs_mode="raw_logits"``), ``num_cached_tokens``
@@ -31,6 +31,8 @@ from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.items import token_text
+from pytest_kvaudit.core.requests.protocol import Done, Request
+from pytest_kvaudit.core.requests.state import PagedState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 from pytest_kvaudit.engines.vllm.engine import (
     DTYPES,
@@ -39,7 +41,6 @@ from pytest_kvaudit.engines.vllm.engine import (
     PINNED,
     STOP,
     TOP_K,
-    Done,
     SchedulerHooks,
     engine_kwargs,
     eos_ids,
@@ -47,12 +48,8 @@ from pytest_kvaudit.engines.vllm.engine import (
     load_vllm,
 )
 from pytest_kvaudit.engines.vllm.ranks import Ranks
-from pytest_kvaudit.engines.vllm.state import VllmState
 
 __all__ = ["NAME", "PINNED", "Done", "Request", "VllmBackend", "internal", "open_backend"]
-
-#: one request: its prompt ids, ``max_tokens``, the ids it forces as decode steps, and optionally its stop rule
-Request = tuple[Sequence[int], int, Sequence[int]] | tuple[Sequence[int], int, Sequence[int], Mapping[str, Any] | None]
 
 
 class VllmBackend:
@@ -60,7 +57,7 @@ class VllmBackend:
     (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
     per_layer = True
-    #: its constructions are requests: :mod:`pytest_kvaudit.engines.vllm.cells` builds them
+    #: its constructions are requests: :mod:`pytest_kvaudit.core.requests.cells` builds them
     constructions: tuple[str, ...] = ()
 
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
@@ -169,7 +166,7 @@ class VllmBackend:
         n = -(-positions // self.block_size)
         if n > len(blocks):
             raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
-        return VllmState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
+        return PagedState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
         """Overwrite the cells of ``state``'s positions in ``blocks``, every layer, on every rank (a partial last

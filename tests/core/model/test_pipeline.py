@@ -80,7 +80,7 @@ def test_a_request_level_record_is_priced_by_what_its_engine_counted() -> None:
     from pytest_kvaudit.core.cost.pricing import price
     from pytest_kvaudit.core.model.pipeline import construction_tokens, group_tokens, request_owner
     from pytest_kvaudit.core.model.records import CellRecord, Continuation
-    from pytest_kvaudit.engines.vllm.requests import request_price
+    from pytest_kvaudit.engines.vllm.record import request_price
 
     rec = CellRecord("x", "bf16", (1,) * 40, (2,) * 20, 10, None, "3")
     for name in ("live", "prefill", "warm", "batched(4)"):

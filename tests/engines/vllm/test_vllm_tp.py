@@ -22,7 +22,7 @@ pytest.importorskip("vllm",
 import torch  # noqa: E402
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR  # noqa: E402
-from pytest_kvaudit.engines.vllm import state as vs  # noqa: E402
+from pytest_kvaudit.core.requests import state as vs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TP2 = {"tensor_parallel_size": "2", "distributed_executor_backend": "mp"}  # as --kvaudit-engine-arg gives them
@@ -67,7 +67,7 @@ def test_tp2_serves_tp1s_tokens_and_its_state_is_tp1s_heads(engines: tuple[Any, 
 def test_a_write_reaches_every_rank(engines: tuple[Any, Any]) -> None:
     one, two = engines
     (_, s1), (d2, s2) = _served(one), _served(two)
-    moved = vs.VllmState([t.clone() for t in s1.layers], s1.positions, s1.block_size, tensor_parallel=2)
+    moved = vs.PagedState([t.clone() for t in s1.layers], s1.positions, s1.block_size, tensor_parallel=2)
     two.write(d2.blocks, moved)
     back = two.read(d2.blocks, len(IDS) - 1)
     assert vs.fingerprint(back) == vs.fingerprint(moved) and back.tensor_parallel == 2

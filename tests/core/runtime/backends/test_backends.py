@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvtest import run, setup_suite
+from pytest_kvaudit.core.engine import EngineSpec
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.engines import EngineSpec, check, known, register_backend
+from pytest_kvaudit.core.model.engines import check, known, register_backend
 from pytest_kvaudit.core.runtime.backends import open_backend
 
 
