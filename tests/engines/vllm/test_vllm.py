@@ -48,13 +48,12 @@ def backend() -> Any:
 
 @pytest.fixture
 def builder(backend: Any) -> Any:
-    from pytest_kvaudit.core.compute.store import cell_builder
     from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.core.runtime.decoder import Decoder
     from pytest_kvaudit.core.runtime.itemcheck import resolve
 
     cfg, items = resolve(AuditConfig(backend="vllm", n=2, boundary=BOUNDARY))
-    return cell_builder("vllm")(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
+    return cfg.engine.cell_builder(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
 
 
 def test_models_vllm_cannot_serve_are_one_line(tmp_path: Path) -> None:

@@ -80,7 +80,6 @@ def test_a_cell_at_tp2_proves_its_hit_and_bridge_on_both_ranks(two: Any) -> None
     """A cell at TP=2: every hit shape proven by the engine's cached tokens, the whole-block hit and the bridge
     bit for bit over both ranks' heads; one value perturbed in rank 1's head of a cached block fails the
     whole-block shape, at that layer, and nothing else moves it."""
-    from pytest_kvaudit.core.compute.store import cell_builder
     from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.core.runtime.decoder import Decoder, Faults
     from pytest_kvaudit.core.runtime.itemcheck import resolve
@@ -88,7 +87,7 @@ def test_a_cell_at_tp2_proves_its_hit_and_bridge_on_both_ranks(two: Any) -> None
     assert two.environment["vllm_tensor_parallel_size"] == 2 and "tensor_parallel_size=2" in two.attn_implementation
     assert two.environment["vllm_kv_heads_per_rank"] == 1 and two.shape()["kv_heads"] == 2
     cfg, items = resolve(AuditConfig(backend="vllm", n=1, boundary="tokens:30"))
-    b = cell_builder("vllm")(Decoder(two), two.tokenizer, cfg, items, None, two.max_positions)
+    b = cfg.engine.cell_builder(Decoder(two), two.tokenizer, cfg, items, None, two.max_positions)
     rec, prefix = b.compute(items.items[0], "bf16", None, lambda: (False, False))
     assert rec.eligible and prefix is not None
     assert rec.constructions["warm"].reused == rec.requests["warm"]["num_cached_tokens"] > 0
