@@ -109,8 +109,8 @@ def test_the_oracles_kv_written_into_the_blocks_reads_back(engine: tuple[Any, An
     """kvaudit's write puts each position's K/V in its own cells (partial last block included): the oracle's K/V
     written over the prompt's blocks read back bit for bit; a write that reverses the positions inside each block
     does not."""
-    from pytest_kvaudit.engines.vllm import layout as vllm_layout
     from pytest_kvaudit.core.requests.state import PagedState
+    from pytest_kvaudit.engines.vllm import layout as vllm_layout
 
     backend, model = engine
     ids = _ids(int(model.config.vocab_size))
