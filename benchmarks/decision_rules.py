@@ -26,7 +26,7 @@ from pytest_kvaudit.core.atomic import atomic_write_text
 
 OUT = Path(__file__).resolve().parent / "results" / "decision-rules.txt"
 MARGIN, CONF, TOP, SPLITS = 0.06, 0.95, 1000, (1, 2, 3, 4)
-ALPHA = one_sided_alpha(CONF)
+ALPHA = round(one_sided_alpha(CONF), 6)
 RATES = {"fixed_prefix_2x2 FP32 (2%)": 0.02, "lossy_cache_budget (10%)": 0.10}
 SMOL = (197, 4 / 197, 25 / 197)  # SmolLM2's bf16 pairs, label discordance (4:0) and divergent-suffix rate (25)
 
@@ -60,7 +60,7 @@ def main() -> int:
     start = time.time()
     out = [f"Decision rules (rules_version {RULES_VERSION}): each verdict's size by exact enumeration at every n "
            f"(nice python benchmarks/decision_rules.py)", "",
-           f"alpha = {ALPHA} per verdict (one end of a two-sided {CONF:.0%} interval); FAIL/P is FAIL at alpha / P, "
+           f"alpha = {ALPHA:g} per verdict (one end of a two-sided {CONF:.0%} interval); FAIL/P is FAIL at alpha / P, "
            "P the claim's verdicts of that rule (its precisions), so the claim's FAIL size stays at most alpha.", ""]
     ns_m = np.arange(rules.PROVEN_FROM, TOP + 1)
     ds = discordances(MARGIN)

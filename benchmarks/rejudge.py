@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 #: committed reports outside benchmarks/results: the embedded checkpoint's shipped run
 ALSO = (REPO / "snapshots" / "embedded" / "report.json",)
-NOTE = (f"# kvaudit's summary below is this run's as printed under the rules of its day; today's verdicts (rules_version "
-        f"{RULES_VERSION}), re-judged from the recorded counts by benchmarks/rejudge.py, are in {{summary}}.")
+NOTE = (f"# kvaudit's summary below is this run's as printed under the rules of its day; today's verdicts "
+        f"(rules_version {RULES_VERSION}), re-judged from the recorded counts by benchmarks/rejudge.py, are in "
+        "{summary}.")
 
 
 def committed_reports() -> list[Path]:

@@ -44,16 +44,17 @@ def _rate_reason(d: str, status: str, k: int, n: int, bounds: tuple[float, float
                  need: int | None, dis: list[str], alphas: tuple[float, float]) -> str:
     """The high precision's verdict in words: what the rule shows, the bound that decided it and its level."""
     lower, upper, wilson = bounds
+    pct = f"{max_rate * 100:g}%"
     paper = f"the paper's Wilson upper bound {wilson:.2%}" if n else "no Wilson bound"
     up, low = (f"{100 * (1 - a):.4g}%" for a in alphas)
     if status == FAIL:
-        return (f"{d.upper()} disagreement above {max_rate:.0%} ({low}): {k}/{n} decoded disagreements, one-sided "
-                f"{low} Clopper-Pearson lower bound {lower:.2%} > {max_rate:.0%}: {names(dis)}")
+        return (f"{d.upper()} disagreement above {pct} ({low}): {k}/{n} decoded disagreements, one-sided "
+                f"{low} Clopper-Pearson lower bound {lower:.2%} > {pct}: {names(dis)}")
     if status == PASS:
-        return (f"{d.upper()} disagreement below {max_rate:.0%} ({up}): {k}/{n} disagreements, one-sided {up} "
-                f"Clopper-Pearson upper bound {upper:.2%} <= {max_rate:.0%} ({paper})")
+        return (f"{d.upper()} disagreement below {pct} ({up}): {k}/{n} disagreements, one-sided {up} "
+                f"Clopper-Pearson upper bound {upper:.2%} <= {pct} ({paper})")
     needs = f"needs {need} units at {k} disagreements" if need else "no number of units clears it"
-    return (f"{k}/{n} disagreements, one-sided {up} Clopper-Pearson upper bound {upper:.2%} above {max_rate:.0%} "
+    return (f"{k}/{n} disagreements, one-sided {up} Clopper-Pearson upper bound {upper:.2%} above {pct} "
             f"and one-sided {low} lower bound {lower:.2%} not above it ({paper}): {needs}, has {n}")
 
 
@@ -74,6 +75,36 @@ def _high(d: str, k: int, n: int, th: Mapping[str, float], verdicts: int, dis: l
                                 (alpha, alpha / verdicts))
 
 
+def _recurrence(d: str, rows: list[Any], th: Mapping[str, float], figs: dict[str, Any], bad: list[str],
+                details: list[dict[str, Any]], first: bool) -> tuple[str, str]:
+    """A low precision's recurrence verdict and reason, its figures written into ``figs`` and its counterexamples
+    into ``bad`` and ``details``: on the units over the fixed prefix ids, the 2x2's divergent set must equal the
+    matched one (see the module's docstring)."""
+    comp = [r for r in rows if r.recurrence_comparable]
+    matched = {r.item_id for r in comp if r.constructions["live"].suffix != r.constructions["prefill"].suffix}
+    fixed_set = {r.item_id for r in comp if r.fixed["replay"].suffix != r.fixed["prefill"].suffix}
+    recur = len(matched & fixed_set)
+    figs.setdefault("recurrence", {})[d] = [recur, len(matched)]
+    figs.setdefault("recurrence_units", {})[d] = len(comp)
+    figs.setdefault("recurrence_excluded", {})[d] = len(rows) - len(comp)
+    figs.setdefault("fixed_only", {})[d] = len(fixed_set - matched)
+    if first:
+        figs["recurrence_primary"] = [recur, len(matched)]
+    if matched != fixed_set:
+        extra = sorted(fixed_set ^ matched)
+        bad += [f"{i}@{d}" for i in extra]
+        by_id = {r.item_id: r for r in comp}
+        for i in extra:
+            details.append(_detail(by_id[i], i in fixed_set, side="2x2 only" if i in fixed_set else "matched only"))
+        return FAIL, (f"the 2x2's divergent set differs from the matched one on {names(extra)} "
+                      f"({len(fixed_set - matched)} in the 2x2 only, {len(matched - fixed_set)} matched only)")
+    if len(matched) < th["min_recurring"]:
+        return INCONCLUSIVE, (f"{len(matched)} matched divergences on the fixed prefix ids ({len(comp)} units), needs "
+                              f"{int(th['min_recurring'])} to observe recurrence")
+    return PASS, (f"{recur}/{len(matched)} divergences recur on fresh caches ({len(comp)} units with the same prefix "
+                  "ids)")
+
+
 def _segments(reason: str, dtypes: list[str]) -> dict[str, str]:
     """A recorded reason cut into its precisions' parts (``"bf16: ...; fp32: ..."``)."""
     marks = sorted((m.start(), d) for d in dtypes for m in re.finditer(rf"(?:^|; ){re.escape(d)}: ", reason))
@@ -82,6 +113,31 @@ def _segments(reason: str, dtypes: list[str]) -> dict[str, str]:
         end = marks[i + 1][0] if i + 1 < len(marks) else len(reason)
         out[d] = reason[at:end].removeprefix("; ").removeprefix(f"{d}: ")
     return out
+
+
+def _rejudged(result: Mapping[str, Any], th: Mapping[str, float]) -> tuple[list[str], list[str], dict[str, Any]]:
+    """A recorded result's statuses, reasons and figures under today's rule (:meth:`FixedPrefix2x2.rejudge`)."""
+    figs = dict(result["figures"])
+    dtypes = list(figs["n"])
+    high = [d for d in dtypes if d not in LOW_PRECISION]
+    old = _segments(result["reason"], dtypes)
+    statuses, reasons = [], []
+    for d in dtypes:
+        if d in LOW_PRECISION:
+            k, m = figs.get("recurrence", {}).get(d, [0, 0])
+            statuses.append(FAIL if k != m or figs.get("fixed_only", {}).get(d, 0)
+                            else INCONCLUSIVE if m < th["min_recurring"] else PASS)
+            reasons.append(f"{d}: {old.get(d, '')}")
+            continue
+        dis = [u.rsplit("@", 1)[0] for u in result.get("counterexamples", []) if u.endswith(f"@{d}")]
+        status, why = _high(d, int(figs["disagreements"][d]), int(figs["n"][d]), th, len(high), dis, figs)
+        statuses.append(status)
+        reasons.append(f"{d}: {why}")
+    if len(high) in (0, len(dtypes)):
+        statuses.append(INCONCLUSIVE)
+        reasons.append("the 2x2 needs a low (bf16/fp16) and a high (fp32) precision in --kvaudit-dtypes")
+    figs.update({"confidence": th["confidence"], "max_rate": th["max_rate"]})
+    return statuses, reasons, figs
 
 
 def _detail(r: Any, fixed: bool, **extra: Any) -> dict[str, Any]:
@@ -129,7 +185,8 @@ class FixedPrefix2x2(Claim):
                                    "divergent units"),
     }
     evidence = ("a low and a high precision; at the high one, enough fixed-prefix units for the Clopper-Pearson "
-                "upper bound to clear max_rate; at each low one, min_recurring matched divergences on the fixed prefix ids")
+                "upper bound to clear max_rate; at each low one, min_recurring matched divergences on the fixed "
+                "prefix ids")
 
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         # None: no number of units clears max_rate (a max_rate of 0)
@@ -168,36 +225,9 @@ class FixedPrefix2x2(Claim):
             dis = [r for r in rows if r.fixed["replay"].suffix != r.fixed["prefill"].suffix]
             disagreements[d] = len(dis)
             if d in LOW_PRECISION:
-                comp = [r for r in rows if r.recurrence_comparable]
-                matched = {r.item_id for r in comp
-                           if r.constructions["live"].suffix != r.constructions["prefill"].suffix}
-                fixed_set = {r.item_id for r in comp if r.fixed["replay"].suffix != r.fixed["prefill"].suffix}
-                recur = len(matched & fixed_set)
-                figs.setdefault("recurrence", {})[d] = [recur, len(matched)]
-                figs.setdefault("recurrence_units", {})[d] = len(comp)
-                figs.setdefault("recurrence_excluded", {})[d] = len(rows) - len(comp)
-                figs.setdefault("fixed_only", {})[d] = len(fixed_set - matched)
-                if d == dtypes[0]:
-                    figs["recurrence_primary"] = [recur, len(matched)]
-                if matched != fixed_set:
-                    statuses.append(FAIL)
-                    extra = sorted(fixed_set ^ matched)
-                    bad += [f"{i}@{d}" for i in extra]
-                    by_id = {r.item_id: r for r in comp}
-                    for i in extra:
-                        details.append(_detail(by_id[i], i in fixed_set,
-                                               side="2x2 only" if i in fixed_set else "matched only"))
-                    reasons.append(f"{d}: the 2x2's divergent set differs from the matched one on {names(extra)} "
-                                   f"({len(fixed_set - matched)} in the 2x2 only, "
-                                   f"{len(matched - fixed_set)} matched only)")
-                elif len(matched) < th["min_recurring"]:
-                    statuses.append(INCONCLUSIVE)
-                    reasons.append(f"{d}: {len(matched)} matched divergences on the fixed prefix ids "
-                                   f"({len(comp)} units), needs {int(th['min_recurring'])} to observe recurrence")
-                else:
-                    statuses.append(PASS)
-                    reasons.append(f"{d}: {recur}/{len(matched)} divergences recur on fresh caches "
-                                   f"({len(comp)} units with the same prefix ids)")
+                status, why = _recurrence(d, rows, th, figs, bad, details, d == dtypes[0])
+                statuses.append(status)
+                reasons.append(f"{d}: {why}")
             else:
                 bad += [f"{r.item_id}@{d}" for r in dis]
                 details += [_detail(r, True) for r in dis]
@@ -216,26 +246,7 @@ class FixedPrefix2x2(Claim):
     def rejudge(self, result: Mapping[str, Any], thresholds: Mapping[str, float]) -> ClaimResult | None:
         """The high precisions' rates judged again from their recorded counts; each low precision's recurrence (a
         set equality, its rule unchanged) stands as recorded."""
-        figs = dict(result["figures"])
-        dtypes = list(figs["n"])
-        high = [d for d in dtypes if d not in LOW_PRECISION]
-        old = _segments(result["reason"], dtypes)
-        statuses, reasons = [], []
-        for d in dtypes:
-            if d in LOW_PRECISION:
-                k, m = figs.get("recurrence", {}).get(d, [0, 0])
-                statuses.append(FAIL if k != m or figs.get("fixed_only", {}).get(d, 0)
-                                else INCONCLUSIVE if m < thresholds["min_recurring"] else PASS)
-                reasons.append(f"{d}: {old.get(d, '')}")
-                continue
-            dis = [u.rsplit("@", 1)[0] for u in result.get("counterexamples", []) if u.endswith(f"@{d}")]
-            status, why = _high(d, int(figs["disagreements"][d]), int(figs["n"][d]), thresholds, len(high), dis, figs)
-            statuses.append(status)
-            reasons.append(f"{d}: {why}")
-        if len(high) in (0, len(dtypes)):
-            statuses.append(INCONCLUSIVE)
-            reasons.append("the 2x2 needs a low (bf16/fp16) and a high (fp32) precision in --kvaudit-dtypes")
-        figs.update({"confidence": thresholds["confidence"], "max_rate": thresholds["max_rate"]})
+        statuses, reasons, figs = _rejudged(result, thresholds)
         iv = tuple(float("nan") if x is None else x for x in result["interval"])
         return self.result(combine(statuses), result["n"], result["k"], "; ".join(reasons), figs,
                            result.get("counterexamples"), interval=(iv[0], iv[1]), details=result.get("details"))

@@ -189,19 +189,20 @@ def budget_verdict(c: int, n: int, budget: float, verdicts: int, changed: list[s
     """One lossy kind's verdict at one precision from ``c`` label changes of ``n`` units (``changed`` names them):
     status, reason and the Clopper-Pearson (lower, upper) bounds; the FAIL alpha split over ``verdicts``."""
     verdict, lower, upper = rate_decision(c, n, budget, verdicts=verdicts)
+    pct, low = f"{budget * 100:g}%", f"{100 - 2.5 / verdicts:.4g}%"
     if n == 0:
         return INCONCLUSIVE, "no eligible unit with an extracted answer", lower, upper
     if verdict == PASS:
-        return PASS, (f"label changes below {budget:.0%} (97.5%): {c}/{n}, one-sided 97.5% Clopper-Pearson upper "
+        return PASS, (f"label changes below {pct} (97.5%): {c}/{n}, one-sided 97.5% Clopper-Pearson upper "
                       f"{upper:.3f} <= budget {budget:g}"), lower, upper
     if verdict == FAIL:  # the exact lower bound: a rate at the budget fails no more than alpha of runs
-        return FAIL, (f"label changes above {budget:.0%} ({100 * (1 - 0.025 / verdicts):.4g}%): {c}/{n}, "
-                      f"Clopper-Pearson lower {lower:.3f} > budget {budget:g} (alpha split over {verdicts} verdicts; "
-                      f"{names(changed, 4)})"), lower, upper
+        return FAIL, (f"label changes above {pct} ({low}): {c}/{n}, one-sided {low} Clopper-Pearson lower "
+                      f"{lower:.3f} > budget {budget:g} (alpha split over {verdicts} verdicts; {names(changed, 4)})"),\
+            lower, upper
     need = least_units_below(budget, c)
     return INCONCLUSIVE, (f"label changes {c}/{n}, one-sided 97.5% Clopper-Pearson upper {upper:.3f} > budget "
-                          f"{budget:g} and lower {lower:.3f} not above it: needs {need if need else 'more'} units at "
-                          f"{c} changes"), lower, upper
+                          f"{budget:g} and one-sided {low} lower {lower:.3f} not above it: needs "
+                          f"{need if need else 'more'} units at {c} changes"), lower, upper
 
 
 def lossy_rows(result: Mapping[str, Any]) -> list[list[str]]:

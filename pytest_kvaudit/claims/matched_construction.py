@@ -20,10 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.claims.base import (
-    FAIL,
-    INCONCLUSIVE,
     NO_INTERVAL,
-    PASS,
     Claim,
     ClaimResult,
     Evidence,
@@ -33,9 +30,9 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
-from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.matched_verdict import FIGURES, TEST, decide, decision_figures, shows
 from pytest_kvaudit.claims.matched_verdict import rejudge as from_counts
+from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.power import items_for, matched_chances, units_for_equivalence
 from pytest_kvaudit.claims.rules import PROVEN_UP_TO, matched_zs
 from pytest_kvaudit.claims.stats import paired_bootstrap_ci, wilson_interval
@@ -110,7 +107,7 @@ class MatchedConstruction(Claim):
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """To pass under --kvaudit-strict every precision's Tango interval must lie within ±margin: the items
-        from which the chance of that, when accuracy does not move, stays at least 80% up to 1,000 pairs, at the
+        from which the chance of that, at no true move, stays at least 80% up to 1,000 pairs, at the
         highest divergent-suffix rate of a precision (the calibrated discordance: an upper bound on the label
         discordance), over the eligibility rate."""
         need = units_for_equivalence(rates.get("divergent_rate_max", 1.0), thresholds["margin"],
@@ -120,7 +117,8 @@ class MatchedConstruction(Claim):
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
         first = next(iter(f.get("n", {}) or {}), "")
-        return f"Tango {f.get('confidence', 0.95):.0%} interval of Δacc {first}, within ±margin to pass".replace("  ", " ")
+        shown = f"Tango {f.get('confidence', 0.95):.0%} interval of Δacc {first}, within ±margin to pass"
+        return " ".join(shown.split())
 
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes

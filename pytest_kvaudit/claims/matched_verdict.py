@@ -44,7 +44,7 @@ def decision_figures(n: int, b: int, c: int, right_live: int, right_prefill: int
         "accuracy_diff_ci_fail": [wide[0], wide[1]], "mcnemar_p": mcnemar_counts(b, c) if n else None,
         "excludes_zero": bool(n) and (ci[0] > 0 or ci[1] < 0),
         "right_wrong": [min(right_live, right_prefill), n - max(right_live, right_prefill)],
-        # the chance to pass if accuracy does not move, at a named discordance: the observed label discordance,
+        # the chance to pass at no true move, at a named discordance: the observed label discordance,
         # and the divergent-suffix rate (what the plan calibrates on: labels differ only where suffixes do)
         "discordance": {"labels_observed": disc, "suffixes_observed": div},
         "pass_chance_at_zero": matched_chances(n, disc, 0.0, m, conf)[0] if n else None,
@@ -76,7 +76,7 @@ def decide(f: Mapping[str, Any], th: Mapping[str, float], verdicts: int = 1) -> 
     lo, hi = f["accuracy_diff_ci"]
     moved = (f"moved {_pts(f['accuracy_diff'])} points (exact McNemar p = {f['mcnemar_p']:.3g}), {b}:{c} discordant "
              f"labels, Tango interval [{_pts(lo)}, {_pts(hi)}]" + (" excludes 0" if f["excludes_zero"] else ""))
-    proof = "" if calibrated else f"; z nominal, its size proven only for the default margin and confidence"
+    proof = "" if calibrated else "; z nominal, its size proven only for the default margin and confidence"
     if passes:
         return PASS, (f"accuracy moved less than {m * 100:g} points ({conf:.0%}): {moved}, within ±{m * 100:g}; "
                       f"{f['divergent_suffixes']}/{n} suffixes diverge ({f['answer_changes']} with another answer); "

@@ -192,7 +192,7 @@ def items_for(units: int | None, rates: Mapping[str, float]) -> int | None:
 def units_for_equivalence(discordance: float, margin: float, confidence: float = 0.95, target: float = TARGET,
                           limit: int = PROVEN_UP_TO) -> int | None:
     """The least pairs, up to ``limit``, from which matched_construction passes with at least a ``target``
-    chance when accuracy does not move and a share ``discordance`` of pairs disagree (half each way): 62 at no
+    chance at no true move when a share ``discordance`` of pairs disagree (half each way): 61 at no
     discordance and ±6 points, where Tango's interval is ±z²/(n+z²); None past ``limit``."""
     return _units_for_equivalence(round(discordance, 12), margin, confidence, target, limit)
 

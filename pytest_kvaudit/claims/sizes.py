@@ -61,10 +61,10 @@ def matched_sizes(ns: Any, margin: float, confidence: float = 0.95, verdicts: tu
         cdf = np.cumsum(cond, axis=1)
         sf = np.cumsum(cond[:, ::-1], axis=1)[:, ::-1]  # sf[m, k] = P(b >= k)
 
-        def below(k: Any) -> Any:
+        def below(k: Any, cdf: Any = cdf) -> Any:
             return np.where(k >= 0, cdf[ms, np.clip(k, 0, top)], 0.0)
 
-        def above(k: Any) -> Any:
+        def above(k: Any, sf: Any = sf) -> Any:
             return np.where(k <= ms, sf[ms, np.clip(k, 0, top)], 0.0)
 
         inside = np.where(band >= ms - band, below(band) - below(lo_pass), 0.0)
