@@ -43,13 +43,28 @@ def committed_reports() -> list[Path]:
     return found
 
 
+def in_snapshots(report: Path) -> bool:
+    """A report kept in a snapshots folder (the shipped embedded run, or a ledger's copy of its run's report)."""
+    return "snapshots" in report.relative_to(REPO).parts
+
+
 def summary_path(report: Path) -> Path:
     return report.with_name("summary.txt" if report.name == "report.json" else f"{report.stem}-summary.txt")
 
 
-def note_logs(folder: Path, summary: Path) -> None:
-    """Put the superseding line on top of each pytest terminal log in ``folder`` that printed a kvaudit summary."""
-    for log in sorted(folder.glob("*.txt")):
+def logs_of(report: Path) -> list[Path]:
+    """The pytest terminal logs of the run that wrote ``report``: ``X.txt`` beside ``X.json``, and for
+    ``report[-Y].json`` its run's ``terminal[-Y].txt`` (or ``out.txt``)."""
+    stem = report.stem
+    names = [f"{stem}.txt"]
+    if stem.startswith("report"):
+        names += [f"terminal{stem[len('report'):]}.txt", *(["out.txt"] if stem == "report" else [])]
+    return [report.with_name(n) for n in names if report.with_name(n).exists()]
+
+
+def note_logs(report: Path, summary: Path) -> None:
+    """Put the superseding line on top of each terminal log of ``report``'s run that printed a kvaudit summary."""
+    for log in logs_of(report):
         text = log.read_text()
         if "kvaudit claims" not in text or text.startswith("# kvaudit's summary below"):
             continue
@@ -64,13 +79,13 @@ def render(path: Path) -> dict[str, Any]:
     page = path.with_suffix(".html")
     if page.exists():
         atomic_write_text(page, html.render(new))
-    summary = summary_path(path)
-    head = (f"# The claims table of {path.name}, rendered from it by pytest_kvaudit.report.terminal.lines (the code "
-            f"that prints it in a run), judged by rules_version {RULES_VERSION} from the counts the run recorded "
-            "(python benchmarks/rejudge.py).")
-    atomic_write_text(summary, "\n".join([head, *terminal.lines(new)]) + "\n")
-    if path.parent != REPO / "snapshots" / "embedded":
-        note_logs(path.parent, summary)
+    if not in_snapshots(path):  # a snapshot folder's copy of a report: its run's folder has the summary
+        summary = summary_path(path)
+        head = (f"# The claims table of {path.name}, rendered from it by pytest_kvaudit.report.terminal.lines (the "
+                f"code that prints it in a run), judged by rules_version {RULES_VERSION} from the counts the run "
+                "recorded (python benchmarks/rejudge.py).")
+        atomic_write_text(summary, "\n".join([head, *terminal.lines(new)]) + "\n")
+        note_logs(path, summary)
     return {"before": new.get("rerendered", {}).get("verdicts_before") or {k: v[0] for k, v in verdicts(old).items()},
             "now": verdicts(new)}
 

@@ -216,7 +216,10 @@ class FixedPrefix2x2(Claim):
         high = [d for d in dtypes if d not in LOW_PRECISION]
         disagreements: dict[str, int] = {}
         units: dict[str, int] = {}
-        statuses, reasons, bad, details = [], [], [], []
+        statuses: list[str] = []
+        reasons: list[str] = []
+        bad: list[str] = []
+        details: list[dict[str, Any]] = []
         figs: dict[str, Any] = {"disagreements": disagreements, "n": units, "prefix_from": dtypes[0],
                                 "confidence": th["confidence"], "max_rate": th["max_rate"]}
         for d in dtypes:

@@ -41,13 +41,6 @@ if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
 
 
-def _iv(iv: Any) -> str:
-    lo, hi = list(iv)
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return "-"
-    return f"[{lo:+.3f}, {hi:+.3f}]"
-
-
 def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float], verdicts: int) -> dict[str, Any]:
     """One precision's counts, intervals, p and power."""
     live = [bool(r.constructions["live"].label) for r in rows]
@@ -69,6 +62,14 @@ def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float], verdicts:
     f["rate_ci"] = {k: list(wilson_interval(int(f[k]), n, conf)) if n else None
                     for k in ("divergent_suffixes", "label_disagreements", "answer_changes")}
     return f
+
+
+def _points(iv: Any) -> str:
+    """An interval of the accuracy difference in points, as the verdict says it ("[+0.1, +5.1]")."""
+    lo, hi = list(iv)
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"[{lo * 100:+.1f}, {hi * 100:+.1f}]"
 
 
 @register
@@ -167,7 +168,7 @@ class MatchedConstruction(Claim):
         return "; ".join(
             f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
             + ("Δacc -" if f["accuracy_diff"][d] is None
-               else f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}")
+               else f"Δacc {f['accuracy_diff'][d] * 100:+.1f} points in {_points(f['accuracy_diff_ci'][d])}")
             + shows(f, d)
             for d in f["divergent_suffixes"]
         )
@@ -186,7 +187,8 @@ class MatchedConstruction(Claim):
         rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}", mc["label_disagreements"][d],
                  "/".join(map(str, mc.get("labels_extracted", {}).get(d, []))) or "-",
                  num(mc["accuracy_live"][d], ".3f"), num(mc["accuracy_prefill"][d], ".3f"),
-                 num(mc["accuracy_diff"][d], "+.3f"), _iv(mc["accuracy_diff_ci"][d]),
+                 "-" if mc["accuracy_diff"][d] is None else f"{mc['accuracy_diff'][d] * 100:+.1f}",
+                 _points(mc["accuracy_diff_ci"][d]),
                  num((mc.get("mcnemar_p") or {}).get(d), ".3g"),
                  num((mc.get("pass_chance_at_zero") or {}).get(d), ".0%") + " / "
                  + num((mc.get("pass_chance_at_divergence") or {}).get(d), ".0%"),
@@ -194,6 +196,7 @@ class MatchedConstruction(Claim):
                 for d in mc["divergent_suffixes"]]
         return section("matched", self.title, table(
             ["precision", "divergent suffixes", "label disagreements", "labels extracted", "accuracy live",
-             "accuracy prefill", "Δ", f"Tango {mc.get('confidence', 0.95):.0%} interval (z calibrated)",
+             "accuracy prefill", "Δ (points)",
+             f"Tango {mc.get('confidence', 0.95):.0%} interval (points, z calibrated)",
              "exact McNemar p (a figure)", "chance to pass at no move (observed label / suffix discordance)",
              "what the rule shows"], rows, "matched"))

@@ -120,7 +120,8 @@ def rejudge(figures: Mapping[str, Any], th: Mapping[str, float], reason: str) ->
         right = [round((figures[k][d] or 0.0) * n) for k in ("accuracy_live", "accuracy_prefill")]
         f = {**decision_figures(n, b, c, right[0], right[1], th, int(figures["divergent_suffixes"][d]), len(dtypes)),
              "divergent_suffixes": int(figures["divergent_suffixes"][d]),
-             "accuracy_diff_ci_bootstrap": figures.get("accuracy_diff_ci_bootstrap", {}).get(d, [None, None]),
+             # rules 1 decided on the bootstrap and recorded it as accuracy_diff_ci
+             "accuracy_diff_ci_bootstrap": figures.get("accuracy_diff_ci_bootstrap", figures["accuracy_diff_ci"])[d],
              "labels_extracted": figures.get("labels_extracted", {}).get(d, [n, n]),
              "answer_changes": int(figures.get("answer_changes", {}).get(d, 0))}
         f["rate_ci"] = {k: list(wilson_interval(int(f[k]), n, th["confidence"])) if n else None
