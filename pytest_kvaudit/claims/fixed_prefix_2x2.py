@@ -105,6 +105,14 @@ def _recurrence(d: str, rows: list[Any], th: Mapping[str, float], figs: dict[str
                   "ids)")
 
 
+def _agreement(figs: Mapping[str, Any], high: list[str]) -> tuple[float, float]:
+    """The claim's interval: the share of the first high precision's units that agree, between the deciding
+    Clopper-Pearson bounds of its disagreement (none without units)."""
+    upper, lower = (figs.get(k, {}).get(high[0]) if high else None
+                    for k in ("disagreement_upper", "disagreement_lower"))
+    return NO_INTERVAL if upper is None or lower is None else (1 - upper, 1 - lower)
+
+
 def _segments(reason: str, dtypes: list[str]) -> dict[str, str]:
     """A recorded reason cut into its precisions' parts (``"bf16: ...; fp32: ..."``)."""
     marks = sorted((m.start(), d) for d in dtypes for m in re.finditer(rf"(?:^|; ){re.escape(d)}: ", reason))
@@ -208,7 +216,7 @@ class FixedPrefix2x2(Claim):
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
         high = ",".join(d for d in f.get("n", {}) if d not in LOW_PRECISION)
-        return f"Clopper-Pearson bounds, one-sided 97.5%, of {high} disagreement".replace("  ", " ")
+        return f"Clopper-Pearson 97.5%, {high} agree"
 
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
@@ -243,16 +251,17 @@ class FixedPrefix2x2(Claim):
         n_hi = sum(units[d] for d in high)
         k_hi = n_hi - sum(disagreements[d] for d in high)
         return self.result(combine(statuses), n_hi, k_hi, "; ".join(reasons), figs, bad,
-                           interval=wilson_interval(k_hi, n_hi, th["confidence"]) if n_hi else NO_INTERVAL,
+                           interval=_agreement(figs, high),
                            details=details)
 
     def rejudge(self, result: Mapping[str, Any], thresholds: Mapping[str, float]) -> ClaimResult | None:
         """The high precisions' rates judged again from their recorded counts; each low precision's recurrence (a
         set equality, its rule unchanged) stands as recorded."""
         statuses, reasons, figs = _rejudged(result, thresholds)
-        iv = tuple(float("nan") if x is None else x for x in result["interval"])
+        high = [d for d in figs["n"] if d not in LOW_PRECISION]
         return self.result(combine(statuses), result["n"], result["k"], "; ".join(reasons), figs,
-                           result.get("counterexamples"), interval=(iv[0], iv[1]), details=result.get("details"))
+                           result.get("counterexamples"), interval=_agreement(figs, high),
+                           details=result.get("details"))
 
     def key_figure(self, result: ClaimResult) -> str:
         f = result.figures

@@ -118,7 +118,7 @@ class MatchedConstruction(Claim):
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
         first = next(iter(f.get("n", {}) or {}), "")
-        shown = f"Tango {f.get('confidence', 0.95):.0%} interval of Δacc {first}, within ±margin to pass"
+        shown = f"Tango {f.get('confidence', 0.95):.0%} interval, Δacc {first}"
         return " ".join(shown.split())
 
     def judge(self, ev: Evidence) -> ClaimResult:
@@ -184,19 +184,18 @@ class MatchedConstruction(Claim):
         def num(x: Any, fmt: str) -> str:
             return "-" if x is None else format(x, fmt)
 
-        rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}", mc["label_disagreements"][d],
-                 "/".join(map(str, mc.get("labels_extracted", {}).get(d, []))) or "-",
-                 num(mc["accuracy_live"][d], ".3f"), num(mc["accuracy_prefill"][d], ".3f"),
-                 "-" if mc["accuracy_diff"][d] is None else f"{mc['accuracy_diff'][d] * 100:+.1f}",
-                 _points(mc["accuracy_diff_ci"][d]),
+        rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}",
+                 f"{mc['label_disagreements'][d]} of " + ("/".join(map(str, mc.get("labels_extracted", {}).get(d, [])))
+                                                          or "-"),
+                 f"{num(mc['accuracy_live'][d], '.3f')} / {num(mc['accuracy_prefill'][d], '.3f')}",
+                 ("-" if mc["accuracy_diff"][d] is None else f"{mc['accuracy_diff'][d] * 100:+.1f} ")
+                 + _points(mc["accuracy_diff_ci"][d]),
                  num((mc.get("mcnemar_p") or {}).get(d), ".3g"),
                  num((mc.get("pass_chance_at_zero") or {}).get(d), ".0%") + " / "
                  + num((mc.get("pass_chance_at_divergence") or {}).get(d), ".0%"),
                  shows(mc, d).lstrip(": ") or "-"]
                 for d in mc["divergent_suffixes"]]
         return section("matched", self.title, table(
-            ["precision", "divergent suffixes", "label disagreements", "labels extracted", "accuracy live",
-             "accuracy prefill", "Δ (points)",
-             f"Tango {mc.get('confidence', 0.95):.0%} interval (points, z calibrated)",
-             "exact McNemar p (a figure)", "chance to pass at no move (observed label / suffix discordance)",
-             "what the rule shows"], rows, "matched"))
+            ["precision", "divergent suffixes", "label changes of extracted", "accuracy live / prefill",
+             f"Δ points, Tango {mc.get('confidence', 0.95):.0%}", "McNemar p", "P(pass), no move: labels / suffixes",
+             "the rule shows"], rows, "matched"))
