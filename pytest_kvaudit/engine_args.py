@@ -8,8 +8,6 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.config import parse_engine_args
-from pytest_kvaudit.core.model.schedules import extra_constructions
 
 BACKEND = "--kvaudit-backend"
 ENGINE_ARG = "--kvaudit-engine-arg"
@@ -22,7 +20,11 @@ ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineA
 
 def engine_args(config: pytest.Config, backend: str) -> tuple[tuple[str, str], ...]:
     """``--kvaudit-engine-arg`` pairs (or the ini's lines), checked: only vLLM takes them, and a vLLM run runs no
-    registered chunk schedule (its constructions are requests, not forwards on a caller's cache)."""
+    registered chunk schedule (its constructions are requests, not forwards on a caller's cache). Its parsers are
+    imported here: the flag's name and help are declared with every run's options, and cost nothing."""
+    from pytest_kvaudit.core.model.config import parse_engine_args
+    from pytest_kvaudit.core.model.schedules import extra_constructions
+
     given = config.getoption("kvaudit_engine_arg")
     pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), ENGINE_ARG if given
                               else f"{ENGINE_ARGS_INI} (ini)")

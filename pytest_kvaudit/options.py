@@ -2,35 +2,25 @@
 
 Every flag is ``--kvaudit-*`` in the ``kvaudit`` group with an ini twin named like its dest; the flag
 names are module constants that tests import. Bad values are one-line ``pytest.UsageError``s.
+
+Declaring the options costs nothing: a project's unrelated ``pytest`` run imports this module with the plugin, so
+what reads the values into a config (the config's parsers, the engines' records, the claims) is imported inside the
+functions that read them, which run only when the run audits (:func:`asked`, :mod:`pytest_kvaudit.plugin`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit.claims import registered
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.config import (
-    EMBEDDED_DIR,
-    EMBEDDED_NAME,
-    AuditConfig,
-    BoundaryRule,
-    check_output_path,
-    parse_cache_kinds,
-    parse_chunks,
-    parse_device,
-    parse_dtypes,
-    parse_int,
-)
-from pytest_kvaudit.core.model.engines import check
-from pytest_kvaudit.core.model.pipeline import ANALYSES as KNOWN
-from pytest_kvaudit.core.runtime.chat import parse_mode
-from pytest_kvaudit.engine_args import ENGINE_ARG, ENGINE_ARG_HELP, ENGINE_ARGS_INI, engine_args
+from pytest_kvaudit.engine_args import ENGINE_ARG, ENGINE_ARG_HELP, ENGINE_ARGS_INI
 from pytest_kvaudit.report.writers import WRITERS
-from pytest_kvaudit.workers.partials import parse_shard
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.core.model.config import AuditConfig
 
 MODEL = "--kvaudit-model"
 DTYPES = "--kvaudit-dtypes"
@@ -144,6 +134,22 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(THRESHOLDS_INI, "claim thresholds, one 'claim.key=value' a line", type="linelist", default=[])
 
 
+#: the ini keys beyond the flags' twins
+INI_ONLY = (ENGINE_ARGS_INI, THRESHOLDS_INI)
+
+
+def asked(config: pytest.Config) -> bool:
+    """Whether the run names kvaudit at all: a ``--kvaudit-*`` flag on the command line or a kvaudit ini key. Such
+    a run is configured at once, every value checked before anything runs; any other run audits only if it
+    collects a kvaudit test (:mod:`pytest_kvaudit.plugin`), so an unrelated run reads no config and loads no
+    engine. Reads the parsed options alone: nothing is imported."""
+    flags = (*VALUE_OPTIONS, *FLAG_OPTIONS, CHAT_TEMPLATE, ENGINE_ARG)
+    if any(config.getoption(dest(f)) not in (None, False) for f in flags):
+        return True
+    keys = {*(dest(f) for f in flags), *INI_ONLY}
+    return any(config.getini(k) not in ("", False, [], None) for k in keys)
+
+
 def value(config: pytest.Config, flag: str) -> str | None:
     v = config.getoption(dest(flag)) or config.getini(dest(flag))
     return str(v) if v not in (None, "") else None
@@ -168,6 +174,8 @@ def _int(config: pytest.Config, flag: str) -> int | None:
     v = value(config, flag)
     if v is None:
         return None
+    from pytest_kvaudit.core.model.config import parse_int
+
     lo, hi, what = INT_RANGES[flag]
     return parse_int(source(config, flag), v, lo, hi, what)
 
@@ -179,6 +187,8 @@ def source(config: pytest.Config, flag: str) -> str:
 
 def _check_no_empty_flags(config: pytest.Config) -> None:
     """``--kvaudit-report=`` (an unset shell variable, say) would otherwise silently mean "not given"."""
+    from pytest_kvaudit.core.model.config import BoundaryRule
+
     for flag in VALUE_OPTIONS:
         v = config.getoption(dest(flag))
         if v is not None and not str(v).strip():
@@ -191,6 +201,8 @@ def _check_no_empty_flags(config: pytest.Config) -> None:
 
 def output_path(config: pytest.Config, flag: str) -> Path | None:
     """A report path, checked now: a directory or an unwritable place is a usage error before the run."""
+    from pytest_kvaudit.core.model.config import check_output_path
+
     v = value(config, flag)
     try:
         return check_output_path(flag, v) if v is not None else None
@@ -200,6 +212,20 @@ def output_path(config: pytest.Config, flag: str) -> Path | None:
 
 def build_config(config: pytest.Config) -> AuditConfig:
     """Options and ini -> AuditConfig; bad values are a one-line usage error."""
+    from pytest_kvaudit.core.model.config import (
+        EMBEDDED_DIR,
+        EMBEDDED_NAME,
+        AuditConfig,
+        BoundaryRule,
+        parse_cache_kinds,
+        parse_chunks,
+        parse_device,
+        parse_dtypes,
+    )
+    from pytest_kvaudit.core.model.engines import check
+    from pytest_kvaudit.core.runtime.chat import parse_mode
+    from pytest_kvaudit.engine_args import engine_args
+
     try:
         _check_no_empty_flags(config)
         kw: dict[str, Any] = {}
@@ -249,6 +275,8 @@ def build_config(config: pytest.Config) -> AuditConfig:
 def shards(config: pytest.Config) -> tuple[tuple[int, int] | None, Path | None, Path | None]:
     """(shard I/N, partials folder, merge folder): a shard needs a folder to write to, and a run either
     computes a shard or merges shards, never both."""
+    from pytest_kvaudit.workers.partials import parse_shard
+
     text, partials, merge = value(config, SHARD), value(config, PARTIALS), value(config, MERGE)
     try:
         shard = parse_shard(text) if text is not None else None
@@ -274,6 +302,7 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
         return ()
     if names == ("all",):
         return names
+    from pytest_kvaudit.claims import registered
 
     known = [c.name for c in registered()]
     unknown = [n for n in names if n not in known]
@@ -285,6 +314,8 @@ def claim_selection(config: pytest.Config) -> tuple[str, ...] | None:
 
 def analyses_selection(config: pytest.Config) -> tuple[str, ...]:
     """--kvaudit-analyses: the analyses a run computes whatever its claims (``all``: every one)."""
+    from pytest_kvaudit.core.model.pipeline import ANALYSES as KNOWN
+
     v = value(config, ANALYSES)
     names = tuple(n.strip() for n in (v or "").split(",") if n.strip())
     if names == ("all",):

@@ -1,45 +1,38 @@
 """kvaudit's pytest hooks and fixtures, and nothing else.
 
-Importing this module is cheap (no torch): options live in :mod:`.options`, the run's state in
-:mod:`.session`, verdicts in :mod:`.judge`, and the store (with torch and transformers) loads in the
-``kvaudit_store`` fixture the first time a claim needs it.
+pytest imports this module in every run of the venv kvaudit is installed in, so it imports what every run reads:
+the options (:mod:`.options`), kvaudit's own hook, and where the process sits (:mod:`.xdist_glue`, the interrupt
+handler). The session (:mod:`.session`: the config, the engine's record, the claims, the gate) opens at configure
+when the run names a kvaudit option or ini key, and otherwise on the first sign that the run audits: a collected
+test that reads a kvaudit fixture or is a ``kvaudit_claim``, or, on an xdist controller, which collects nothing, a
+worker's verdict. A run that audits nothing reads no config and loads no engine; the store (torch, transformers)
+loads in the ``kvaudit_store`` fixture the first time a claim needs it. ``tests/plugin/test_lean.py`` holds this.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit import gate, hooks, interrupts, thresholds
+from pytest_kvaudit import hooks
 from pytest_kvaudit import options as opt
-from pytest_kvaudit.claims import registered
-from pytest_kvaudit.core.atomic import atomic_write_text
-from pytest_kvaudit.core.cost.ledger import snapshot_folder
-from pytest_kvaudit.core.model.config import SUITES_DIR, AuditConfig
-from pytest_kvaudit.core.runtime.chat import checkpoint_source, header_line
-from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Faults
-from pytest_kvaudit.judge import Judge
-from pytest_kvaudit.report.comparison import compare_lines
-from pytest_kvaudit.report.document import dumps
-from pytest_kvaudit.report.terminal import lines, plan_lines
-from pytest_kvaudit.report.writers import WRITERS, report_path
-from pytest_kvaudit.selection import uses_store
-from pytest_kvaudit.session import KvauditSession
-from pytest_kvaudit.session_report import run_report
-from pytest_kvaudit.settings import Selection, Settings
-from pytest_kvaudit.workers.lifecycle import Lifecycle
 from pytest_kvaudit.workers.topology import Topology
-from pytest_kvaudit.xdist_glue import XdistController, run_folder, worker_place
+from pytest_kvaudit.xdist_glue import XdistController, place
 
 if TYPE_CHECKING:
     from pytest_kvaudit.core.compute.store import Store
+    from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.judge import Judge
+    from pytest_kvaudit.session import KvauditSession
 
-SESSION_KEY = pytest.StashKey[KvauditSession]()
+SESSION_KEY = pytest.StashKey["KvauditSession"]()
+#: a run that named no kvaudit option: where its process sits, settled at configure, until it audits
+PLACE_KEY = pytest.StashKey[tuple[Topology, XdistController | None]]()
 PLAN_SKIP = "kvaudit plan only (--kvaudit-plan): planned, not run"
+#: the fixtures that make a collected test a kvaudit test (with the ``kvaudit_claim`` marker)
+FIXTURES = frozenset({"kvaudit_session", "kvaudit_config", "kvaudit_store", "kvaudit_records", "kvaudit_judge"})
 
 # the option names, importable from here as before
 MODEL, DTYPES, REPORT, HTML, BASELINE = opt.MODEL, opt.DTYPES, opt.REPORT, opt.HTML, opt.BASELINE
@@ -60,54 +53,49 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kvaudit_claim(name, **thresholds): a kvaudit claim test and its threshold overrides"
     )
-    audit = opt.build_config(config)
-    lines = thresholds.parse_thresholds(config.getini(opt.THRESHOLDS_INI))
-    if lines:  # built-in claims (and conftest ones) are known now; test files' own at collection
+    if opt.asked(config):  # every value checked now, before anything runs
+        from pytest_kvaudit.session import open_session
 
-        thresholds.check_thresholds(lines, audit, registered())
-
-    outputs = {w.flag: path for w in WRITERS if (path := opt.output_path(config, w.flag)) is not None}
-    settings = Settings(lines, outputs, opt.value(config, opt.BASELINE), strict=opt.flag(config, opt.STRICT),
-                        plan_only=opt.flag(config, opt.PLAN),
-                        analyses=opt.analyses_selection(config))  # checked here, before any worker starts
+        open_session(config, SESSION_KEY)
+        return
     topo = Topology()
-    topo.shard, topo.partials, topo.merge = opt.shards(config)
-    run = Lifecycle(audit, topo, partial(_faults, config))
-    sess = KvauditSession(config, settings, run, Selection(opt.claim_selection(config)))
-    config.stash[SESSION_KEY] = sess
-    config.pluginmanager.register(sess, "kvaudit-session")
-    sess.gate = gate.open_gate(config, settings, run)  # a baseline that cannot gate this run stops it here
-    if _wants_builtin_claims(config, sess.selection.asked):
-        suites = str(SUITES_DIR)
-        if suites not in config.args:  # xdist workers run this too, from the same invocation args
-            config.args.append(suites)
-    folder = None  # the xdist run's shard folder, where its stop flag lives
-    if config.pluginmanager.hasplugin("xdist"):
-        topo.worker, folder = worker_place(config), run_folder(config)
-        if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
-            sess.controller = XdistController()
-            config.pluginmanager.register(sess.controller, "kvaudit-xdist")
-            folder = sess.controller.dir
-    topo.stop = interrupts.register(config, folder).flag
-    if sess.controller is not None:
-        sess.controller.stop = topo.stop
+    config.stash[PLACE_KEY] = (topo, place(config, topo))
+    config.pluginmanager.register(_Asleep(config), "kvaudit-asleep")
 
 
-def _faults(config: pytest.Config) -> Faults:
-    """The deliberate faults a conftest's ``pytest_kvaudit_faults`` asks for (asked when the store first opens)."""
-    return config.hook.pytest_kvaudit_faults(config=config) or NO_FAULTS
+def _session(config: pytest.Config) -> KvauditSession | None:
+    """The run's session; None while a run that named no kvaudit option has not audited (yet)."""
+    return config.stash.get(SESSION_KEY, None)
 
 
-def _wants_builtin_claims(config: pytest.Config, selection: tuple[str, ...] | None) -> bool:
-    """The built-in claims join a run that names a model or a claim selection, unless it names its own test
-    paths (then ``--kvaudit-claims`` adds them) or selects none: ``pytest --kvaudit-model=CKPT`` audits
-    from any directory, and a project's own ``pytest`` run is left alone."""
-    if selection == ():
-        return False
-    if selection is not None:
-        return True
-    named = any(opt.value(config, f) is not None for f in (opt.MODEL, opt.SHARD, opt.MERGE))
-    return named and config.args_source != pytest.Config.ArgsSource.ARGS
+def _wake(config: pytest.Config) -> KvauditSession:
+    """The run's session, opened now in a run that named no kvaudit option and turns out to audit (its options
+    are the defaults: nothing to refuse)."""
+    sess = _session(config)
+    if sess is None:
+        from pytest_kvaudit.session import open_session
+
+        sess = open_session(config, SESSION_KEY, config.stash[PLACE_KEY])
+    return sess
+
+
+def _is_kvaudit_test(item: pytest.Item) -> bool:
+    return item.get_closest_marker("kvaudit_claim") is not None or not FIXTURES.isdisjoint(
+        getattr(item, "fixturenames", ()))
+
+
+class _Asleep:
+    """In a run that named no kvaudit option: an xdist controller collects nothing, so it learns that the run
+    audits from the first worker report that carries a verdict (:mod:`.verdict_relay`'s ``kvaudit_*``
+    properties), and opens the session then, to judge and report as it would have."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if _session(self.config) is None and any(str(k).startswith("kvaudit_") for k, _ in report.user_properties):
+            _wake(self.config).pytest_runtest_logreport(report)  # registered now: this report reaches it here
 
 
 def _claim_name(item: pytest.Item) -> str | None:
@@ -118,8 +106,18 @@ def _claim_name(item: pytest.Item) -> str | None:
 @pytest.hookimpl
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each claim once: a built-in claim that a collected file already holds (a clone's suites/, a copy) is
-    dropped; ``--kvaudit-claims`` picks among the built-in ones."""
-    sel = config.stash[SESSION_KEY].selection.asked
+    dropped; ``--kvaudit-claims`` picks among the built-in ones. A run that named no kvaudit option audits from
+    here on if it collected a kvaudit test; else it is left alone."""
+    sess = _session(config)
+    if sess is None:
+        if not any(map(_is_kvaudit_test, items)):
+            return
+        sess = _wake(config)
+    from pytest_kvaudit import gate
+    from pytest_kvaudit.core.model.config import SUITES_DIR
+    from pytest_kvaudit.selection import uses_store
+
+    sel = sess.selection.asked
     seen: set[str] = set()
     keep, drop = [], []
     for item in items:
@@ -134,7 +132,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    sess = config.stash[SESSION_KEY]
     if sess.gate is not None and not sess.settings.plan_only:
         gate.add_item(session, items, sess.gate, sess.get_store)
     if sess.settings.plan_only:  # the plan prices the run; no claim computes anything
@@ -144,7 +141,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 @pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    c = config.stash[SESSION_KEY].config
+    """The run's model, precisions, device and seed, in a run that names a kvaudit option (one that names none
+    and turns out to audit says them in its report)."""
+    if (sess := _session(config)) is None:
+        return []
+    from pytest_kvaudit.core.runtime.chat import checkpoint_source, header_line
+
+    c = sess.config
     return [
         f"kvaudit: model={c.model} dtypes={','.join(c.dtypes)} device={c.device} "
         f"attn={c.attn or 'checkpoint default'} seed={c.seed}",
@@ -157,7 +160,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 # -- fixtures -------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def kvaudit_session(pytestconfig: pytest.Config) -> KvauditSession:
-    return pytestconfig.stash[SESSION_KEY]
+    return _wake(pytestconfig)  # open already, unless a test asked for a kvaudit fixture by name at run time
 
 
 @pytest.fixture(scope="session")
@@ -181,20 +184,29 @@ def kvaudit_records(kvaudit_store: Store) -> list[Any]:
 @pytest.fixture
 def kvaudit_judge(request: pytest.FixtureRequest, kvaudit_session: KvauditSession, kvaudit_store: Store) -> Judge:
     """Judge a claim: ``kvaudit_judge.claim()``, ``kvaudit_judge.exact(name, units)``, ``.verdict(result)``."""
+    from pytest_kvaudit.judge import Judge
+
     return Judge(kvaudit_session, request.node, kvaudit_store)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl
 def pytest_collection_finish(session: pytest.Session) -> None:
-    thresholds.at_collection(session.config.stash[SESSION_KEY])
+    if (sess := _session(session.config)) is not None:
+        from pytest_kvaudit import thresholds
+
+        thresholds.at_collection(sess)
 
 
 # -- the report -----------------------------------------------------------------------------------
 @pytest.hookimpl
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or (sess := _session(config)) is None:
         return
-    sess = config.stash[SESSION_KEY]
+    from pytest_kvaudit.report.comparison import compare_lines
+    from pytest_kvaudit.report.terminal import lines, plan_lines
+    from pytest_kvaudit.report.writers import report_path
+    from pytest_kvaudit.session_report import run_report
+
     said = sess.verdicts
     for note in said.notes:
         terminalreporter.write_line(f"kvaudit: {note}", yellow=True)
@@ -231,9 +243,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 @pytest.hookimpl
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or (sess := _session(config)) is None:
         return
-    sess = config.stash[SESSION_KEY]
+    from pytest_kvaudit import thresholds
+    from pytest_kvaudit.core.atomic import atomic_write_text
+    from pytest_kvaudit.core.cost.ledger import snapshot_folder
+    from pytest_kvaudit.report.document import dumps
+    from pytest_kvaudit.report.writers import WRITERS
+    from pytest_kvaudit.session_report import run_report
+
     if sess.controller is not None:  # the workers' selection: the plan and the estimate are for its work
         sess.adopt(sess.controller.selection)
     if sess.settings.plan_only:

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from pytest_kvaudit import interrupts
 from pytest_kvaudit.progress import WorkerProgress, printer
 from pytest_kvaudit.settings import SELECTION_KEY
 from pytest_kvaudit.workers.stop import StopFlag
+from pytest_kvaudit.workers.topology import Topology
 
 SHARD_DIR = "kvaudit_shard_dir"
 
@@ -89,3 +91,21 @@ def worker_place(config: pytest.Config) -> tuple[int, int, Path] | None:
     index = int(str(wi["workerid"]).removeprefix("gw"))
     # a replacement for a crashed worker has an index past the count: it reads, it computes nothing
     return (index if index < count else -1, count, Path(wi[SHARD_DIR]))
+
+
+def place(config: pytest.Config, topo: Topology) -> XdistController | None:
+    """Where this process sits (``topo.worker``, its stop flag ``topo.stop``), settled at configure in every run,
+    one that names no kvaudit option included: the controller hands its shard folder to the workers before anyone
+    knows whether they will collect a kvaudit test. Returns the controller's :class:`XdistController`, if this is
+    one. Cheap: a folder and two plugin objects, nothing imported."""
+    controller, folder = None, None  # the xdist run's shard folder, where its stop flag lives
+    if config.pluginmanager.hasplugin("xdist"):
+        topo.worker, folder = worker_place(config), run_folder(config)
+        if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+            controller = XdistController()
+            config.pluginmanager.register(controller, "kvaudit-xdist")
+            folder = controller.dir
+    topo.stop = interrupts.register(config, folder).flag
+    if controller is not None:
+        controller.stop = topo.stop
+    return controller
