@@ -7,6 +7,9 @@ lands, waits for every part and judges the merged records, so a claim over 200 i
 whatever ``-n``. A worker that dies leaves a ``.dead`` marker (written by the controller in
 ``pytest_testnodedown``): the items it computed are reported missing and no claim that needed them can
 pass.
+
+Every run imports this module (the plugin settles where its process sits at configure, :func:`place`), so what
+only the controller reads (its progress printer, the workers' selection) is imported in the controller's hooks.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_kvaudit import interrupts
-from pytest_kvaudit.progress import WorkerProgress, printer
-from pytest_kvaudit.settings import SELECTION_KEY
-from pytest_kvaudit.workers.stop import StopFlag
 from pytest_kvaudit.workers.topology import Topology
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.progress import WorkerProgress
+    from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"
 
@@ -40,6 +44,8 @@ class XdistController:
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from pytest_kvaudit.progress import WorkerProgress, printer
+
         show = printer(session.config)
         if show is not None:  # prints only once workers write progress, i.e. when kvaudit tests run
             self.progress = WorkerProgress(self.dir, show)
@@ -57,6 +63,8 @@ class XdistController:
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        from pytest_kvaudit.settings import SELECTION_KEY
+
         wid = str(node.workerinput.get("workerid", ""))
 
         self.selection = self.selection or (getattr(node, "workeroutput", None) or {}).get(SELECTION_KEY)
