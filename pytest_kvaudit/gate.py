@@ -90,6 +90,11 @@ def open_gate(config: pytest.Config, settings: Settings, run: Lifecycle) -> Gate
     this run (damaged, truncated, or recorded for another model, item set, n or settings) is a usage error
     within seconds, one line a reason; ``--kvaudit-plan`` checks it as the run would."""
     if settings.baseline is None:
+        # the rules say what fails a comparison; asked for on the command line with nothing to compare, they would
+        # be silently ignored. Their ini twin is read only with a baseline, so a project's ini serves record runs too
+        if config.getoption(opt.dest(opt.BASELINE_FAIL)) not in (None, ""):
+            raise pytest.UsageError(f"{opt.BASELINE_FAIL} says what fails the baseline gate, and no baseline is given: "
+                                    f"add {opt.BASELINE}=DIR (a recorded run's snapshots folder) or leave it out")
         return None
 
     try:

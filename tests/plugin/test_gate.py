@@ -290,3 +290,33 @@ def test_a_baseline_that_cannot_gate_is_refused_before_anything_loads(recorded: 
     res.stderr.fnmatch_lines([says])
     assert (pytester.path / "torch-imported").read_text() == "False"  # no model loaded, nothing computed
     assert took < 60, took
+
+
+def test_baseline_fail_without_a_baseline_is_a_usage_error_in_one_line(pytester: pytest.Pytester) -> None:
+    """The rules of a comparison with nothing to compare would be silently ignored: the flag alone is refused
+    before anything loads, and the baseline read from the ini (no --kvaudit-baseline flag) lets it through."""
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-baseline-fail=bogus:up")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    assert [ln for ln in res.stderr.lines if ln.strip()] == [
+        "ERROR: --kvaudit-baseline-fail says what fails the baseline gate, and no baseline is given: add "
+        "--kvaudit-baseline=DIR (a recorded run's snapshots folder) or leave it out"]
+    pytester.makeini(f"[pytest]\nkvaudit_baseline = {pytester.path / 'nowhere'}\n")
+    res = pytester.runpytest_subprocess("--kvaudit-model=embedded", "--kvaudit-baseline-fail=bogus:up")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: --kvaudit-baseline-fail: 'bogus:up' is not a rule*"])
+
+
+def test_the_ini_rules_wait_for_a_baseline_and_strict_alone_is_valid(pytester: pytest.Pytester) -> None:
+    """A project's ini may name the gate's rules once for its record and gate runs alike: a record run (no
+    baseline) does not read them, a gate run does; --kvaudit-strict needs no baseline."""
+    pytester.makeini("[pytest]\nkvaudit_baseline_fail = bogus:up\n")
+    pytester.makepyfile(test_mine="""
+        def test_mine(kvaudit_records, kvaudit_judge):
+            kvaudit_judge.exact("mine", {f"{r.item_id}@{r.dtype}": r.eligible for r in kvaudit_records}, min_units=2)
+    """)
+    args = ["--kvaudit-model=embedded", "--kvaudit-n=2", "--kvaudit-dtypes=fp32", "-p", "no:cacheprovider"]
+    res = pytester.runpytest_subprocess(*args, "--kvaudit-strict")
+    res.assert_outcomes(passed=1)
+    res = pytester.runpytest_subprocess(*args, f"--kvaudit-baseline={pytester.path / 'nowhere'}")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: kvaudit_baseline_fail (ini): 'bogus:up' is not a rule*"])
