@@ -87,3 +87,39 @@ def test_a_run_naming_no_option_audits_when_it_collects_a_kvaudit_test(tmp_path:
     res = run(tmp_path, "-n", workers)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 passed" in res.stdout, res.stdout
+
+
+#: a plugin that sets options after kvaudit's configure: the run named none then, so its session opens when it
+#: collects a kvaudit test (a worker) or sees a verdict (the xdist controller), reading these
+LATE = """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    config.option.kvaudit_model, config.option.kvaudit_n = "embedded", "4"
+    config.option.kvaudit_report = "r.json"
+"""
+CLAIM = "import pytest\n\n@pytest.mark.kvaudit_claim('replica_exactness')\ndef test_it(kvaudit_judge):\n" \
+        "    kvaudit_judge.claim()\n"
+
+
+@pytest.mark.slow
+def test_a_session_opened_late_judges_and_reports_as_one_opened_at_configure(tmp_path: Path) -> None:
+    """Under xdist, where it is most fragile: each worker opens it at collection, the controller on the verdict
+    (a single process opens it at collection, as a worker does)."""
+    reports = []
+    for name, conftest, options in (("asked", "", ["--kvaudit-model=embedded", "--kvaudit-n=4",
+                                                   "--kvaudit-report=r.json"]), ("late", LATE, [])):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "conftest.py").write_text(conftest)
+        (d / "test_claim.py").write_text(CLAIM)
+        res = run(d, "test_claim.py", "-n", "2", *options)  # its own path: the built-in claims stay out
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "kvaudit claims" in res.stdout and "report written to" in res.stdout, res.stdout
+        reports.append(json.loads((d / "r.json").read_text()))
+    asked, late = reports
+    assert late["claims"]["replica_exactness"]["status"] == "pass"
+    for key in ("claims", "items", "analyses", "config", "model"):
+        assert late[key] == asked[key], key
+    assert late["cost"]["forward_tokens"] == asked["cost"]["forward_tokens"]
