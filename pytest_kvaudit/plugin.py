@@ -2,7 +2,7 @@
 
 pytest imports this module in every run of the venv kvaudit is installed in, so it imports what every run reads:
 the options (:mod:`.options`), kvaudit's own hook, and where the process sits (:mod:`.xdist_glue`, the interrupt
-handler). The session (:mod:`.session`: the config, the engine's record, the claims, the gate) opens at configure
+handler). The session (:mod:`.session_open`: the config, the engine's record, the claims, the gate) opens at configure
 when the run names a kvaudit option or ini key, and otherwise on the first sign that the run audits: a collected
 test that reads a kvaudit fixture or is a ``kvaudit_claim``, or, on an xdist controller, which collects nothing, a
 worker's verdict. A run that audits nothing reads no config and loads no engine; the store (torch, transformers)
@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "kvaudit_claim(name, **thresholds): a kvaudit claim test and its threshold overrides"
     )
     if opt.asked(config):  # every value checked now, before anything runs
-        from pytest_kvaudit.session import open_session
+        from pytest_kvaudit.session_open import open_session
 
         open_session(config, SESSION_KEY)
         return
@@ -73,7 +73,7 @@ def _wake(config: pytest.Config) -> KvauditSession:
     are the defaults: nothing to refuse)."""
     sess = _session(config)
     if sess is None:
-        from pytest_kvaudit.session import open_session
+        from pytest_kvaudit.session_open import open_session
 
         sess = open_session(config, SESSION_KEY, config.stash[PLACE_KEY])
     return sess
