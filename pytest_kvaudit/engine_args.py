@@ -8,23 +8,14 @@ from __future__ import annotations
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
-
-BACKEND = "--kvaudit-backend"
-ENGINE_ARG = "--kvaudit-engine-arg"
-ENGINE_ARGS_INI = "kvaudit_engine_arg"
-ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineArgs argument such as block_size=16, "
-                   "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, "
-                   "tensor_parallel_size=2, enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU "
-                   "only); repeatable; recorded in the ledger's environment and compared by the gate")
+from pytest_kvaudit.core.model.config import parse_engine_args
+from pytest_kvaudit.core.model.schedules import extra_constructions
+from pytest_kvaudit.options import BACKEND, ENGINE_ARG, ENGINE_ARGS_INI
 
 
 def engine_args(config: pytest.Config, backend: str) -> tuple[tuple[str, str], ...]:
     """``--kvaudit-engine-arg`` pairs (or the ini's lines), checked: only vLLM takes them, and a vLLM run runs no
-    registered chunk schedule (its constructions are requests, not forwards on a caller's cache). Its parsers are
-    imported here: the flag's name and help are declared with every run's options, and cost nothing."""
-    from pytest_kvaudit.core.model.config import parse_engine_args
-    from pytest_kvaudit.core.model.schedules import extra_constructions
-
+    registered chunk schedule (its constructions are requests, not forwards on a caller's cache)."""
     given = config.getoption("kvaudit_engine_arg")
     pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), ENGINE_ARG if given
                               else f"{ENGINE_ARGS_INI} (ini)")

@@ -18,7 +18,7 @@ import pytest
 #: and where the process sits (the xdist glue and the interrupt handler; the controller's progress printer)
 FRONT = frozenset({
     "pytest_kvaudit", "pytest_kvaudit.plugin", "pytest_kvaudit.options", "pytest_kvaudit.hooks",
-    "pytest_kvaudit.engine_args", "pytest_kvaudit.core", "pytest_kvaudit.core.errors", "pytest_kvaudit.report",
+    "pytest_kvaudit.core", "pytest_kvaudit.core.errors", "pytest_kvaudit.report",
     "pytest_kvaudit.report.writers", "pytest_kvaudit.xdist_glue", "pytest_kvaudit.interrupts",
     "pytest_kvaudit.selection", "pytest_kvaudit.workers", "pytest_kvaudit.workers.stop",
     "pytest_kvaudit.workers.topology",
