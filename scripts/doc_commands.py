@@ -13,7 +13,8 @@ A page marks a command with a shell comment that a reader sees too, trailing the
 
 Anything else runs as written and must exit 0. A command runs in the venv of the install line above it on its
 page (a line that makes a venv or runs ``pip install``; on a page without one, the install line of
-docs/install.md), from a copy of the checkout; on a page that shows a test file (a ```python block opening with
+docs/install.md), in the checkout that install line ran in (a fresh copy, unless .ci/run built that very venv
+in this checkout); on a page that shows a test file (a ```python block opening with
 ``# test_NAME.py``), from a folder holding only the files shown above it, as a user's project would. A line that
 only sets a variable (``SMOLLM2_DIR=$(python scripts/smollm2.py)``) runs once and is set again before every later
 command of its page.

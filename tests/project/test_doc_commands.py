@@ -1,5 +1,6 @@
-"""Every command that README.md and docs/ show runs as written, from a copy of the checkout, in the venv that the
-page's own install line makes (scripts/doc_commands.py reads them from the pages; nothing here copies one).
+"""Every command that README.md and docs/ show runs as written, in the venv that the page's own install line makes
+and in the checkout it made it in, a fresh copy (scripts/doc_commands.py reads them from the pages; nothing here
+copies one).
 
 A command marked ``# expensive:`` runs at ``--kvaudit-n=REDUCED_N`` (the test's id says so); one marked
 ``# fails:`` must exit 1 (the page shows a finding); one marked ``# CI skips:`` is listed as skipped with the
@@ -80,6 +81,13 @@ class Venvs:
     def cache(self, cmd) -> Path:  # noqa: ANN001
         return self.root / f"cache-{hashlib.sha256(cmd.install.encode()).hexdigest()[:12]}"
 
+    def checkout(self, cmd) -> Path:  # noqa: ANN001
+        """The checkout that ``cmd``'s venv installed kvaudit from: this one for a venv .ci/run built, else the
+        fresh copy its install line ran in."""
+        if dc.built_by_ci(cmd.install, cmd.venv) is not None:
+            return REPO
+        return self.get(cmd).parent
+
     def get(self, cmd) -> Path:  # noqa: ANN001
         ci = dc.built_by_ci(cmd.install, cmd.venv)
         if ci is not None:
@@ -124,12 +132,12 @@ def test_the_command_runs_as_written(cmd, venvs: Venvs, tmp_path: Path) -> None:
     venv = venvs.get(cmd)
     if cmd.kind == dc.SETUP_KIND:
         return  # the install line built the venv (or .ci/run did, with the same steps)
-    if cmd.files:
+    if cmd.files:  # a user's project: a folder with the files the page shows
         for name, body in cmd.files:
             (tmp_path / name).write_text(body)
         cwd = tmp_path
-    else:
-        cwd = copy_checkout(tmp_path / "checkout")
+    else:  # the checkout the venv was made in (its package and its suites/ are one)
+        cwd = venvs.checkout(cmd)
     text = dc.reduced(cmd.text, REDUCED_N) if cmd.kind == dc.EXPENSIVE else cmd.text
     res = subprocess.run(["bash", "-c", script(cmd, venv, text)], cwd=cwd, env=clean_env(venvs.cache(cmd)), text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
