@@ -17,7 +17,7 @@ docs/install.md), in the checkout that install line ran in (a fresh copy, unless
 in this checkout); on a page that shows a test file (a ```python block opening with
 ``# test_NAME.py``), from a folder holding only the files shown above it, as a user's project would. A line that
 only sets a variable (``SMOLLM2_DIR=$(python scripts/smollm2.py)``) runs once and is set again before every later
-command of its page.
+command of its page, up to the next line that makes a venv.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ def page_commands(page: Path, install: str | None = None) -> list[Command]:
             install = (setup if VENV.search(setup) else f"{current} && {setup}") if setup else current
             if kind != SKIP:
                 current = install  # a skipped line's install is its own, not the page's
+                if setup and VENV.search(setup):
+                    prelude.clear()  # a new venv: the variables set before it belong to another job
             if setup and not rest:
                 out.append(Command(rel, line, setup, SKIP if kind == SKIP else SETUP_KIND, reason, install))
                 continue

@@ -173,6 +173,12 @@ def test_the_reader_finds_each_command_with_its_mark(tmp_path: Path) -> None:
     assert mine.reason == "your checkpoint" and gpu.reason == "needs a GPU"
 
 
+def test_a_new_venv_starts_a_new_job(tmp_path: Path) -> None:
+    cmds = page(tmp_path, "```bash\nX=$(python scripts/smollm2.py)\npytest --kvaudit-model=$X\n```\n"
+                          "```bash\npython3 -m venv .venv && pip install -e . && pytest suites\n```\n")
+    assert cmds[1].prelude == ("X=$(python scripts/smollm2.py)",) and cmds[2].prelude == ()
+
+
 def test_an_expensive_command_without_an_n_is_refused() -> None:
     assert dc.reduced("pytest suites -n 2", 3) == "pytest --kvaudit-n=3 suites -n 2"
     assert dc.reduced("bash benchmarks/results/x/run.sh out", 3) == "N=3 bash benchmarks/results/x/run.sh out"
