@@ -11,10 +11,11 @@ A page marks a command with a shell comment that a reader sees too, trailing the
 - ``# CI skips: WHY`` -- CI lists it as skipped, with WHY as the reason (a GPU, a checkpoint of yours, a server,
   CI's own command).
 
-Anything else runs as written and must exit 0. A command runs in the venv of the install line above it on its
-page (a line that makes a venv or runs ``pip install``; on a page without one, the install line of
-docs/install.md), in the checkout that install line ran in (a fresh copy, unless .ci/run built that very venv
-in this checkout); on a page that shows a test file (a ```python block opening with
+Anything else runs as written and must exit 0. A command belongs to the install line above it on its page (a line
+that makes a venv or runs ``pip install``; on a page without one, the install line of docs/install.md): README's
+first run runs in a fresh copy of the checkout with a venv made by its install line as written; every other line
+runs in the venv .ci/run built with the same or more extras, in this checkout, and is held to the extras its
+commands need (``NEEDS``); on a page that shows a test file (a ```python block opening with
 ``# test_NAME.py``), from a folder holding only the files shown above it, as a user's project would. A line that
 only sets a variable (``SMOLLM2_DIR=$(python scripts/smollm2.py)``) runs once and is set again before every later
 command of its page, up to the next line that makes a venv.

@@ -1,6 +1,6 @@
-"""Every command that README.md and docs/ show runs as written, in the venv that the page's own install line makes
-and in the checkout it made it in, a fresh copy (scripts/doc_commands.py reads them from the pages; nothing here
-copies one).
+"""Every command that README.md and docs/ show runs as written (scripts/doc_commands.py reads them from the pages;
+nothing here copies one): README's first run in a venv that its install line makes in a fresh copy of the
+checkout, the others in the venvs .ci/run built, each install line held to the extras its commands need.
 
 A command marked ``# expensive:`` runs at ``--kvaudit-n=REDUCED_N`` (the test's id says so); one marked
 ``# fails:`` must exit 1 (the page shows a finding); one marked ``# CI skips:`` is listed as skipped with the
