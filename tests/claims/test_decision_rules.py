@@ -24,6 +24,7 @@ from pytest_kvaudit.claims.power import (
     rate_chances,
     units_for_equivalence,
     units_for_rate,
+    verdict_chance,
 )
 from pytest_kvaudit.claims.rules import (
     TANGO_Z,
@@ -199,3 +200,12 @@ def test_the_rate_rule_is_exact_and_its_least_units() -> None:
         for k in range(0, n + 1, 11):
             lo, hi = clopper_pearson_interval(k, n)
             assert lower[k] == pytest.approx(lo, abs=1e-12) and upper[k] == pytest.approx(hi, abs=1e-12)
+
+
+def test_the_plans_chance_of_a_verdict_is_the_rules_own() -> None:
+    p, f = matched_chances(197, 25 / 197, 0.0, MARGIN)
+    assert verdict_chance("matched_construction", 197, 25 / 197) == pytest.approx(p + f, abs=1e-12)
+    assert verdict_chance("fixed_prefix_2x2", 183, 0.0) == 1.0 and verdict_chance("fixed_prefix_2x2", 182, 0.0) < 0.03
+    assert verdict_chance("lossy_cache_budget", 36, 0.0) == 1.0
+    assert verdict_chance("matched_construction", 197, 25 / 197, {"margin": 0.12}) > p  # thresholds override
+    assert verdict_chance("bridge_bitexact", 12, 0.0) is None  # an exactness claim decides on counts
