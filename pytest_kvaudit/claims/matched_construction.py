@@ -148,7 +148,10 @@ class MatchedConstruction(Claim):
 
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"eligible_items_per_precision": int(thresholds["min_units"]),
-                "label_rate": float(thresholds["min_label_rate"])}
+                "label_rate": float(thresholds["min_label_rate"]),
+                # labels that can move (min_each): a model right on every item is never judged, at any n
+                "right_items_per_side": int(thresholds["min_each"]),
+                "wrong_items_per_side": int(thresholds["min_each"])}
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """To pass under --kvaudit-strict every precision's Tango interval must lie within ±margin: the items
