@@ -200,8 +200,8 @@ def strict_lines(c: Mapping[str, Any], items: int, basis: str = "the calibration
     span = ("" if lo is None or (lo == hi == st.get("n")) else
             f"; {lo} to {'no n' if hi is None else hi} items over the calibrated rates' 95% intervals")
     if st.get("n") is None and st.get("at_least") is not None:
-        return [f"{'':<22} strict n: unknown, at least {st['at_least']} items ({by}): {basis} saw nothing to estimate a "
-                f"rate from (the needs marked never), so {chance} needs a larger calibration or a run."]
+        return [f"{'':<22} strict n: unknown, at least {st['at_least']} items ({by}): {basis} saw nothing to "
+                f"estimate a rate from (the needs marked never), so {chance} needs a larger calibration or a run."]
     if st.get("n") is None:
         return [f"{'':<22} strict n: no n reaches it at these rates ({by}), so --kvaudit-strict fails it."]
     warn = f"; WARNING: this run has n={items}, so --kvaudit-strict is likely to fail it" if items < st["n"] else ""
