@@ -94,8 +94,8 @@ VALUE_OPTIONS: dict[str, str] = {
     BASELINE: ("gate on a recorded run (snapshots/<slug>/ or a report JSON): checked before anything loads, compared "
                "verdict by verdict and trajectory by trajectory in the kvaudit::baseline test"),
     BASELINE_FAIL: ("what fails the baseline gate: METRIC:DIRECTION,... with divergence and labels "
-                    "increase|decrease|change, trajectories:change, verdicts:worse|change, or none (default: "
-                    "divergence:increase,labels:increase,trajectories:change,verdicts:worse)"),
+                    "increase|decrease|change, trajectories:change, continuations:change, verdicts:worse|change, "
+                    "or none (default: divergence:increase,labels:increase,trajectories:change,verdicts:worse)"),
     SNAPSHOTS: "folder of recorded ledgers (default: snapshots/ under the rootdir)",
     THREADS: "torch CPU threads per process (default: 1, so that bits do not depend on -n)",
     CLAIMS: "comma list of built-in claim names to run (the report names them), all, or none: only your own",

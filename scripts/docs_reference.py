@@ -35,10 +35,21 @@ class Option:
     help: str
     is_flag: bool
     ini: str | None = None
+    metavar: str | None = None  # as declared; pytest --help shows it after "=", so the page does too
+    optional: bool = False  # nargs="?": the value may be left out (--help: "=[VALUE]")
 
     @property
     def flag(self) -> str:
         return self.flags[0]
+
+    @property
+    def usage(self) -> str:
+        """The flag as ``pytest --help`` writes it: ``=METAVAR`` (VALUE where none is declared), ``=[VALUE]`` where
+        the value may be left out, nothing for a switch."""
+        if self.is_flag:
+            return self.flag
+        value = self.metavar or "VALUE"
+        return f"{self.flag}=[{value}]" if self.optional else f"{self.flag}={value}"
 
     @property
     def default(self) -> str:
@@ -60,7 +71,8 @@ class Recorder:
 
     def addoption(self, *flags: str, **attrs: Any) -> None:
         self.options.append(Option(flags, attrs.get("dest") or flags[0].lstrip("-").replace("-", "_"),
-                                   str(attrs.get("help", "")), attrs.get("action") == "store_true"))
+                                   str(attrs.get("help", "")), attrs.get("action") == "store_true",
+                                   metavar=attrs.get("metavar"), optional=attrs.get("nargs") == "?"))
 
     def addini(self, name: str, help: str, type: str | None = None, default: Any = None) -> None:
         self.ini[name] = help
@@ -85,9 +97,8 @@ def options_markdown(rec: Recorder | None = None) -> str:
     rec = rec or declared()
     rows = ["| option | ini key | default | what it does |", "| --- | --- | --- | --- |"]
     for o in sorted(rec.options, key=lambda o: o.flag):
-        value = "" if o.is_flag else "=VALUE"
         ini = f"`{o.ini}`" if o.ini else "-"
-        rows.append(f"| `{o.flag}{value}` | {ini} | {_cell(o.default)} | {_cell(o.help)} |")
+        rows.append(f"| `{o.usage}` | {ini} | {_cell(o.default)} | {_cell(o.help)} |")
     return "\n".join(rows) + "\n"
 
 

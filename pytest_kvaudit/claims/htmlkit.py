@@ -5,12 +5,53 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+#: how whitespace shows where it would otherwise be an empty box: a space, a line break, a tab
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
 def e(x: Any) -> str:
     return html.escape(str(x))
+
+
+def words(x: Any) -> str:
+    """A value as a reader says it, not as Python prints it: ``{'boundary_not_reached': 3}`` is
+    "boundary not reached 3", ``['bf16', 'fp32']`` is "bf16, fp32", True is "yes", None and {} are "-" and
+    "none". Plain text (escape it with :func:`e`)."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, Mapping):
+        if not x:
+            return "none"
+        return "; ".join(f"{_key(k)} ({words(v)})" if isinstance(v, (Mapping, list, tuple)) else f"{_key(k)} {words(v)}"
+                         for k, v in x.items())
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return ", ".join(words(v) for v in x) if x else "none"
+    return str(x)
+
+
+def _key(k: Any) -> str:
+    return str(k).replace("_", " ")
+
+
+def breakable(text: str) -> str:
+    """Escaped text with line-break chances after separators, so a list such as "1,2,3,…,29" or a long path wraps
+    instead of widening its table."""
+    return re.sub(r"([,;/=+|_])(?=\S)", r"\1<wbr>", e(text))
+
+
+def visible(token: Any) -> str:
+    """A token's text, escaped, with a whitespace-only token drawn as symbols (␣ ↵ ⇥) rather than an empty box."""
+    s = "" if token is None else str(token)
+    if s.strip():
+        return e(s)
+    shown = "".join(VISIBLE.get(c, c) for c in s) or "∅"
+    return f"<span class='ws' title='whitespace: {e(repr(s))}'>{e(shown)}</span>"
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:

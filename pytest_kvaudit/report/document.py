@@ -110,3 +110,38 @@ def display_of(report: Mapping[str, Any], name: str) -> dict[str, Any]:
 def ordered(report: Mapping[str, Any]) -> list[str]:
     """Claim names in display order: the paper's, then users' claims by name."""
     return sorted(report["claims"], key=lambda n: (display_of(report, n).get("order", USER_ORDER), n))
+
+
+#: the order verdicts are counted in: what needs a reader first
+VERDICT_ORDER = ("fail", "inconclusive", "pass")
+
+
+def backend_of(report: Mapping[str, Any]) -> str:
+    """The engine that ran the audit; a report written before engines were named was transformers'."""
+    env = report.get("environment") or {}
+    settings = ((report.get("config") or {}).get("identity") or {}).get("settings") or {}
+    return str(env.get("backend") or settings.get("backend") or "transformers")
+
+
+def verdict_counts(report: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(verdict, how many claims) in :data:`VERDICT_ORDER`, then any other verdict, leaving out those with none."""
+    counts: dict[str, int] = {}
+    for c in report.get("claims", {}).values():
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    order = [s for s in VERDICT_ORDER if s in counts] + sorted(s for s in counts if s not in VERDICT_ORDER)
+    return [(s, counts[s]) for s in order]
+
+
+def gate_result(report: Mapping[str, Any]) -> str | None:
+    """PASSED or FAILED against the baseline (a regression fails it); None where the run had no baseline."""
+    cmp = report.get("baseline")
+    if cmp is None:
+        return None
+    return "FAILED" if int(cmp.get("regressions") or 0) else "PASSED"
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    """The run in one line: "1 FAIL · 1 INCONCLUSIVE · 4 PASS · backend vllm · gate PASSED"."""
+    counts = [f"{k} {s.upper()}" for s, k in verdict_counts(report)] or ["no claim judged"]
+    gate = gate_result(report)
+    return " · ".join([*counts, f"backend {backend_of(report)}", f"gate {gate}" if gate else "no baseline gate"])

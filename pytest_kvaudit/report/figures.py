@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_kvaudit.claims.htmlkit import e, png, pyplot, table
+from pytest_kvaudit.claims.htmlkit import e, png, pyplot, table, visible, words
 from pytest_kvaudit.claims.layer_sweep import layers_text
 
 #: at most this many tick labels on a layer axis (80 layers would stack theirs)
@@ -158,26 +158,26 @@ def sections(report: Mapping[str, Any]) -> list[str]:
     parts: list[str] = []
     an = report.get("analyses", {}).get("anatomy", {})
     if an:
-        rows = [[e(r["item"]), r["dtype"], r["first_divergence"], r["suffix_len"],
-                 e(r["token_live"]) + (f" <code>{e(r['text_live'])}</code>" if r.get("text_live") is not None else ""),
-                 e(r["token_prefill"]) + (f" <code>{e(r['text_prefill'])}</code>" if r.get("text_prefill") is not None
-                                          else ""),
+        def tok(r: Mapping[str, Any], side: str) -> str:
+            text = r.get(f"text_{side}")
+            return e(r[f"token_{side}"]) + ("" if text is None else f" <code>{visible(text)}</code>")
+
+        rows = [[e(r["item"]), e(r["dtype"]), r["first_divergence"], r["suffix_len"], tok(r, "live"), tok(r, "prefill"),
                  "-" if r["margin_live"] is None else f"{r['margin_live']:.4g}",
-                 "-" if r["margin_prefill"] is None else f"{r['margin_prefill']:.4g}", r["label_live"],
-                 r["label_prefill"]]
+                 "-" if r["margin_prefill"] is None else f"{r['margin_prefill']:.4g}", e(words(r["label_live"])),
+                 e(words(r["label_prefill"]))]
                 for r in an.get("divergent", [])]
         parts.append(f"<h2 id='anatomy'>Divergence anatomy ({len(rows)} divergent items)</h2>" + table(
             ["item", "precision", "first divergence", "suffix length", "token live", "token prefill", "margin live",
-             "margin prefill", "label live", "label prefill"], rows, "anatomy"))
+             "margin prefill", "label correct, live", "label correct, prefill"], rows, "anatomy"))
     sw = report.get("analyses", {}).get("layer_sweep", {})
     if sw.get("subsets"):
         parts.append(_sweep_section(sw))
     axes = report.get("analyses", {}).get("axes", [])
     if axes:
-        rows = [[r["dtype"], e(r.get("attn") or "default"), e(r.get("cache") or "dynamic"), e(r["construction"]),
-                 r["n"],
-                 r["state_equals_live"], r["suffix_equals_live"], "-" if r["suffix_equals_prefill"] is None
-                 else r["suffix_equals_prefill"]] for r in axes]
+        rows = [[e(r["dtype"]), e(r.get("attn") or "default"), e(r.get("cache") or "dynamic"), e(r["construction"]),
+                 r["n"], e(words(r["state_equals_live"])), e(words(r["suffix_equals_live"])),
+                 e(words(r["suffix_equals_prefill"]))] for r in axes]
         parts.append("<h2 id='axes'>Axes: constructions, attention implementations and cache layouts</h2>" + table(
             ["precision", "attention", "cache", "construction", "n", "state = live (bits)", "suffix = live",
              "suffix = prefill"], rows, "axes"))

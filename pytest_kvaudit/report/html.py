@@ -14,18 +14,32 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.claims import base
-from pytest_kvaudit.claims.htmlkit import e, status, table
+from pytest_kvaudit.claims.htmlkit import breakable, e, status, table, words
 from pytest_kvaudit.core.atomic import atomic_write_text
 from pytest_kvaudit.report import figures as analysis
-from pytest_kvaudit.report.document import display_of, ordered
+from pytest_kvaudit.report.counterexamples import counterexamples
+from pytest_kvaudit.report.document import backend_of, display_of, gate_result, ordered, verdict_counts
 from pytest_kvaudit.report.terminal import LEGEND, fmt_interval
 
+#: the page's style. Every text colour meets WCAG AA (4.5:1) on the backgrounds it sits on (white, the header grey,
+#: the summary's tint; tests/report/test_html_page.py measures it); tables wrap their cells (overflow-wrap) so
+#: that a long layer list or text never widens the page beyond the window
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:0.6em 0 1.4em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+*,*::before,*::after{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;padding:0 clamp(12px,3vw,32px);
+color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:0.6em 0 1.4em;max-width:100%}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f3f3f3}.pass{color:#176117;font-weight:bold}.fail{color:#a11;font-weight:bold}
-.inconclusive{color:#a66a00;font-weight:bold}figure{display:inline-block;margin:0 1em 1em 0}
+.inconclusive{color:#7a4f00;font-weight:bold}.nowrap,.pass,.fail,.inconclusive{white-space:nowrap}
+figure{display:inline-block;margin:0 1em 1em 0;max-width:100%}img{max-width:100%;height:auto}
 figcaption{font-size:90%;color:#555}code{background:#f6f6f6;padding:0 3px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere}
+.summary{font-size:1.15em;background:#f4f6f8;border-left:4px solid #555;padding:0.5em 0.8em}
+.texts code{white-space:pre-wrap;overflow-wrap:anywhere}
+.ws{color:#555;background:#e8e8e8;border-radius:2px;padding:0 2px}
+mark{background:#ffe08a;color:#222;outline:1px solid #7a4f00}
+@media (max-width:1000px){table{font-size:0.8em}td,th{padding:2px 4px}}
 """
 
 
@@ -38,16 +52,29 @@ def _claim_section(report: Mapping[str, Any], name: str, given: Mapping[str, str
     return None
 
 
+def summary_line(report: Mapping[str, Any]) -> str:
+    """The run in one line at the top, the same words as :func:`document.summary`, its verdicts coloured."""
+    parts = [f"<span class='{e(s)}'>{k} {e(s.upper())}</span>" for s, k in verdict_counts(report)]
+    parts = (parts or ["no claim judged"]) + [f"backend <code>{e(backend_of(report))}</code>"]
+    gate = gate_result(report)
+    parts.append(f"gate <span class='{'pass' if gate == 'PASSED' else 'fail'}'>{gate}</span>" if gate
+                 else "no baseline gate")
+    return f"<p id='summary' class='summary'>{' · '.join(parts)}</p>"
+
+
 def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None = None) -> str:
     """The page; ``sections`` maps claim name -> the HTML section that claim rendered during the run."""
     claims = report.get("claims", {})
     m, it = report.get("model", {}), report.get("items", {})
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>kvaudit report: {e(m.get('id'))}</title>"
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+             f"<title>kvaudit report: {e(m.get('id'))} on {e(backend_of(report))}</title>"
              f"<style>{CSS}</style></head><body>",
-             f"<h1>kvaudit report</h1><p>Model <code>{e(m.get('id'))}</code> ({e(m.get('architecture'))}, "
-             f"{e(m.get('num_layers'))} layers, weights <code>{e(str(m.get('weights_digest', ''))[:23])}</code>). "
+             f"<h1>kvaudit report</h1>{summary_line(report)}<p>Model <code>{breakable(str(m.get('id')))}</code> "
+             f"({e(m.get('architecture'))}, {e(m.get('num_layers'))} layers, weights "
+             f"<code>{e(str(m.get('weights_digest', ''))[:23])}</code>) on <code>{e(backend_of(report))}</code>. "
              f"Items: {e(it.get('eligible'))}/{e(it.get('total'))} eligible; ineligible: "
-             f"{e(it.get('ineligible') or 'none')}.</p>"]
+             f"{e(words(it.get('ineligible') or {}))}.</p>"]
     if "baseline" in report:
         parts.append(gate_banner(report["baseline"]))
     rows = []
@@ -57,11 +84,12 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
         shown = display_of(report, name)
         fig = shown.get("figure") or c["reason"]
         stat = shown.get("statistic") or "Wilson 95% CI of k/n"
-        why = f"<br><small>{e(c['reason'])}</small>" if c["status"] != "pass" and c["reason"] != fig else ""
-        rows.append([f"<code>{e(name)}</code>", status(c["status"], upper=True), c["n"], c["k"], e(stat),
-                     e(fmt_interval(c.get("interval") if c["n"] else None, signed="Δ" in stat)), e(fig) + why])
+        why = f"<br><small>{breakable(c['reason'])}</small>" if c["status"] != "pass" and c["reason"] != fig else ""
+        iv = fmt_interval(c.get("interval") if c["n"] else None, signed="Δ" in stat)
+        rows.append([f"<code>{e(name)}</code>", status(c["status"], upper=True), c["n"], c["k"],
+                     f"{e(stat)}: <span class='nowrap'>{e(iv)}</span>", breakable(fig) + why])
     parts.append("<h2 id='claims'>Claims</h2>" + table(
-        ["claim", "verdict", "n (units judged)", "k (property holds)", "statistic", "interval", "key figure"], rows,
+        ["claim", "verdict", "n", "k", "statistic: interval", "key figure"], rows,
         "claims") + f"<p><small>{e(LEGEND)}</small></p>")
     if "baseline" in report:
         parts.append(baseline_section(report["baseline"]))
@@ -69,17 +97,7 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
         sec = _claim_section(report, name, sections or {})
         if sec:
             parts.append(sec)
-    ce = [(name, d) for name in names for d in claims[name].get("details") or []]
-    if ce:
-        def num(x: Any) -> str:
-            return "-" if x is None else f"{x:.4g}"
-
-        parts.append(f"<h2 id='counterexamples'>Counterexamples ({len(ce)})</h2>" + table(
-            ["claim", "unit", "compared", "first differing position", "top-2 margin (a / b)", "text a", "text b"],
-            [[e(n), e(d.get("unit")), e(f"{d.get('a')} vs {d.get('b')}"), e("-" if d.get("position") is None else
-              d["position"]), e(f"{num(d.get('margin_a'))} / {num(d.get('margin_b'))}"),
-              f"<code>{e(d.get('text_a'))}</code>", f"<code>{e(d.get('text_b'))}</code>"] for n, d in ce],
-            "counterexamples"))
+    parts.append(counterexamples(report, names))
     parts += analysis.sections(report)
     figs = analysis.figures(report)
     if figs:
@@ -93,7 +111,8 @@ def render(report: Mapping[str, Any], sections: Mapping[str, str | None] | None 
         parts.append(f"<p>Cost: {c.get('forward_calls')} forwards, {c.get('forward_tokens')} tokens "
                      f"(minimum {c.get('minimal_forward_tokens')}), {c.get('seconds')} s.</p>")
     env = report.get("environment", {})
-    parts.append("<h2>Environment</h2>" + table(["key", "value"], [[e(k), e(v)] for k, v in sorted(env.items())]))
+    parts.append("<h2>Environment</h2>" + table(["key", "value"], [[e(k), breakable(words(v))]
+                                                                    for k, v in sorted(env.items())]))
     parts.append("</body></html>")
     return "\n".join(parts)
 

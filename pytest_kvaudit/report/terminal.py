@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -11,6 +12,8 @@ from pytest_kvaudit.core.model.engines import find
 from pytest_kvaudit.core.planning.strict_gate import gate_lines
 from pytest_kvaudit.report.document import display_of, ordered
 
+#: the claims table's width in columns: it fits a 120-column terminal
+WIDTH = 120
 #: how many counterexamples the table shows under a claim (the JSON and HTML carry all of them)
 SHOWN_DETAILS = 3
 LEGEND = ("n: units judged; k: units where the claim's property holds; interval: the statistic named, "
@@ -70,22 +73,8 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     stop = (f"; suffixes end at the first match of {it['stop_regex']!r} (--kvaudit-stop-regex=off: the whole budget)"
             if it.get("stop_regex") else "")
     out.append(f"items {it['eligible']}/{it['total']} eligible (ineligible: {inel}){_template_hint(it)}{stop}")
-    out.append(f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'statistic':<30} {'interval':<17} key figure")
-    for name in ordered(report):
-        c = report["claims"][name]
-        shown = display_of(report, name)
-        fig = shown.get("figure") or c["reason"]
-        stat = shown.get("statistic") or "Wilson 95% CI of k/n"
-        iv = fmt_interval(c.get("interval") if c.get("n") else None, signed="Δ" in stat)
-        out.append(f"{name:<22} {c['status'].upper():<13} {c['n']:>5} {c['k']:>5}  {stat:<30} {iv:<17} {fig}")
-        if c["status"] != "pass" and fig != c["reason"]:
-            out.append(f"{'':<22} └ {c['reason']}")
-        details = c.get("details") or []
-        for d in details[:SHOWN_DETAILS]:
-            out.append(f"{'':<22} · {detail_line(d)}")
-        if len(details) > SHOWN_DETAILS:
-            out.append(f"{'':<22} · and {len(details) - SHOWN_DETAILS} more in the JSON report")
-    out.append(LEGEND)
+    out += claims_table(report)
+    out += textwrap.wrap(LEGEND, WIDTH)
     cost = report.get("cost", {})
     if cost:
         ratio = cost["forward_tokens"] / cost["minimal_forward_tokens"] if cost.get("minimal_forward_tokens") else 0
@@ -97,6 +86,37 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     if cost and plan.get("forward_tokens"):
         out.append(plan_vs_actual(plan, cost))
     return out
+
+
+def claims_table(report: Mapping[str, Any]) -> list[str]:
+    """The claims, one row each within :data:`WIDTH` columns: name, verdict, n, k, interval and the statistic named
+    (wrapped in its column); beneath, on the ``└`` lines, the key figure and, where the claim did not pass, its
+    reason; then up to :data:`SHOWN_DETAILS` counterexamples (``·``). Long lines wrap under their marker."""
+    out = [f"{'claim':<22} {'verdict':<13} {'n':>5} {'k':>5}  {'interval':<17} statistic"]
+    for name in ordered(report):
+        c = report["claims"][name]
+        shown = display_of(report, name)
+        fig = shown.get("figure") or c["reason"]
+        stat = shown.get("statistic") or "Wilson 95% CI of k/n"
+        iv = fmt_interval(c.get("interval") if c.get("n") else None, signed="Δ" in stat)
+        row = f"{name:<22} {c['status'].upper():<13} {c['n']:>5} {c['k']:>5}  {iv:<17} "
+        out += _hanging(row, stat, len(row))
+        out += _hanging(f"{'':<22} └ ", fig)
+        if c["status"] != "pass" and fig != c["reason"]:
+            out += _hanging(f"{'':<22} └ ", c["reason"])
+        details = c.get("details") or []
+        for d in details[:SHOWN_DETAILS]:
+            out += _hanging(f"{'':<22} · ", detail_line(d))
+        if len(details) > SHOWN_DETAILS:
+            out.append(f"{'':<22} · and {len(details) - SHOWN_DETAILS} more in the JSON report")
+    return out
+
+
+def _hanging(lead: str, text: str, indent: int | None = None) -> list[str]:
+    """``lead`` then ``text``, wrapped to :data:`WIDTH` with later lines under the text's start (a word longer
+    than the room, such as a path, is broken)."""
+    pad = " " * (len(lead) if indent is None else indent)
+    return textwrap.wrap(text, WIDTH, initial_indent=lead, subsequent_indent=pad, drop_whitespace=True) or [lead]
 
 
 def _template_hint(items: Mapping[str, Any]) -> str:

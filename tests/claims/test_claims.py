@@ -56,9 +56,10 @@ def test_the_table_names_its_columns_and_shows_three_counterexamples() -> None:
     r = ClaimResult("matched_construction", "pass", 10, 5, (-0.01, 0.02), "ok", {}, [], det)
     out = lines(report_with(r, "bootstrap 95% CI Δacc bf16"))
     head = next(x for x in out if x.startswith("claim"))
-    assert head.split() == ["claim", "verdict", "n", "k", "statistic", "interval", "key", "figure"]
+    assert head.split() == ["claim", "verdict", "n", "k", "interval", "statistic"]
     row = next(x for x in out if x.startswith("matched_construction"))
     assert "bootstrap 95% CI Δacc bf16" in row and "[-0.010, +0.020]" in row
+    assert out[out.index(row) + 1].split() == ["└", "fig"]  # the key figure beneath its row
     shown = [x for x in out if "t0" in x and "@bf16" in x]
     assert len(shown) == 3 and any("and 2 more" in x for x in out)
     assert detail_line(det[0]) == ("t00@bf16 pos 3, margin 0.03125/0: live '…7=10;10+1=11|A11' vs "

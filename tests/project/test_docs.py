@@ -88,6 +88,9 @@ def test_the_reference_lists_every_option_with_its_ini_twin(pytestconfig: pytest
         key = flag.lstrip("-").replace("-", "_")
         pytestconfig.getini(key)  # the ini twin exists (an unknown key raises)
         assert re.search(rf"^\| `{flag}[=`].*\| `{key}` \|", table, re.M), flag
+    # the value as --help names it: a declared metavar, and a value that may be left out in brackets
+    assert "| `--kvaudit-engine-arg=KEY=VALUE` |" in table
+    assert "| `--kvaudit-chat-template=[VALUE]` |" in table
     # the site renders it where the reference page asks for it
     assert "<!-- kvaudit:options -->" in (DOCS / "reference" / "options.md").read_text()
 
