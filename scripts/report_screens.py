@@ -2,12 +2,13 @@
 
 ``measure`` loads a page at a window width and reads, after the load event, how wide the page is against the
 window, which elements run past its right edge and which images did not load; ``problems`` turns that into
-sentences (``tests/report/test_html_browser.py`` fails on any). Run as a script, it re-renders nothing: it takes
-full-page screenshots of the committed reports (``benchmarks/results/**/report.html``) at 1,400 and 800 px into
+sentences (``tests/report/test_html_browser.py`` fails on any). Run as a script, it takes full-page screenshots
+of the committed reports (``benchmarks/results/**/report.html``) at 1,400 and 800 px into
 ``benchmarks/results/screens/`` and prints each page's measurements::
 
     python scripts/report_screens.py                  # every committed report.html
     python scripts/report_screens.py --out DIR A.html  # given pages, elsewhere
+    python scripts/report_screens.py --render         # each page first rebuilt from its report.json
 
 Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``; ``KVAUDIT_CHROMIUM`` names another
 binary), run with a new empty profile and no network services: no driver package is needed, the measurement is a
@@ -110,7 +111,27 @@ def screenshot(page: Path, width: int, out: Path, timeout: float = 120) -> dict[
           page.as_uri()], timeout)
     if not out.exists():
         raise RuntimeError(f"chromium wrote no screenshot of {page} at {width} px")
+    _shrink(out)
     return m
+
+
+def _shrink(png: Path) -> None:
+    """A page is text on white: 128 colours keep it legible at a third of the bytes (Pillow comes with matplotlib;
+    without it the PNG stays as Chromium wrote it)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    with Image.open(png) as im:
+        small = im.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
+    small.save(png, optimize=True)
+
+
+def render(page: Path) -> None:
+    """``page`` rebuilt from the JSON report beside it, with this checkout's renderer (figures need matplotlib)."""
+    from pytest_kvaudit.report import html
+
+    html.write(json.loads(page.with_suffix(".json").read_text(encoding="utf-8")), page)
 
 
 def committed() -> list[Path]:
@@ -121,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pages", nargs="*", type=Path, help="HTML pages (default: every committed report.html)")
     ap.add_argument("--out", type=Path, default=SCREENS, help=f"folder for the PNGs (default: {SCREENS})")
+    ap.add_argument("--render", action="store_true",
+                    help="first rebuild each page from the report.json beside it (as python -m "
+                         "pytest_kvaudit.report.html does)")
     args = ap.parse_args(argv)
     if chromium() is None:
         print("chromium not found: apt-get install -y chromium (or set KVAUDIT_CHROMIUM)", file=sys.stderr)
@@ -128,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for page in args.pages or committed():
         page = page.resolve()
+        if args.render:
+            render(page)
         rel = page.relative_to(REPO / "benchmarks" / "results") if page.is_relative_to(REPO) else Path(page.name)
         stem = "-".join(rel.with_suffix("").parts).removesuffix("-report") or "report"
         for w in WIDTHS:

@@ -75,3 +75,17 @@ def noisy_state(paths, dtypes=None):
                 v.add_(8 * torch.randn(v.shape, generator=gen).to(v.dtype))
     return hook
 """
+
+
+def script(name: str):  # noqa: ANN201
+    """``scripts/NAME.py`` as a module, loaded once (the docs' tests read the pages through these scripts)."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

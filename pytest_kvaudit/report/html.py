@@ -32,7 +32,8 @@ table{border-collapse:collapse;margin:0.6em 0 1.4em;max-width:100%}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f3f3f3}.pass{color:#176117;font-weight:bold}.fail{color:#a11;font-weight:bold}
 .inconclusive{color:#7a4f00;font-weight:bold}.nowrap,.pass,.fail,.inconclusive{white-space:nowrap}
-figure{display:inline-block;margin:0 1em 1em 0;max-width:100%}img{max-width:100%;height:auto}
+figure{display:inline-block;vertical-align:top;margin:0 1em 1em 0;max-width:min(100%,480px)}
+img{max-width:100%;height:auto}
 figcaption{font-size:90%;color:#555}code{background:#f6f6f6;padding:0 3px}
 pre{white-space:pre-wrap;overflow-wrap:anywhere}
 .summary{font-size:1.15em;background:#f4f6f8;border-left:4px solid #555;padding:0.5em 0.8em}

@@ -1,5 +1,6 @@
-"""The docs' example claims (docs/guides/own-claim.md) run as written, and the README's commands are the ones CI
-runs."""
+"""The docs' example claims (docs/guides/own-claim.md) work on a small checkpoint and fail on a construction that
+breaks them (tests/project/test_doc_commands.py runs them as written, on the default checkpoint), and the README's
+set-up commands are the ones CI runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import REPO
+from kvtest import REPO, script
 
 README = (REPO / "README.md").read_text()
 OWN_CLAIM = (REPO / "docs" / "guides" / "own-claim.md").read_text()
@@ -20,14 +21,6 @@ def block_after(heading: str, lang: str, text: str = README) -> str:
     m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
     assert m, f"no ```{lang} block after {heading!r}"
     return m.group(1)
-
-
-def test_write_your_own_claim_example_runs(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    pytester.makepyfile(test_chunked_claim=block_after("## A test over the store", "python", OWN_CLAIM))
-    res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=4", "--kvaudit-chunks=4",
-                                        "-p", "no:cacheprovider")
-    res.assert_outcomes(passed=1)
-    res.stdout.fnmatch_lines(["*chunked4_equals_prefill*PASS*8*8*"])
 
 
 BREAK_CHUNKED = (
@@ -88,15 +81,18 @@ def test_a_claim_threshold_it_does_not_have_is_one_line(pytester: pytest.Pyteste
     res.stdout.no_fnmatch_line("*Traceback*")
 
 
+def readme_commands() -> list:
+    return script("doc_commands").page_commands(REPO / "README.md")
+
+
 def test_ci_runs_the_readme_test_command() -> None:
-    tests_cmd = block_after("Run kvaudit's own tests", "bash").strip()
-    ci = (REPO / ".ci" / "run").read_text()
-    install, _, run = tests_cmd.partition(" && pytest")
-    extras = "torch==2.13.0 -e '.[dev,quanto,llamacpp,docs]'"
-    assert f"pip install {extras}" in install and f"pip install -q {extras}" in ci
-    assert f"pytest{run}" in ci.splitlines()
+    dc = script("doc_commands")
+    tests_cmd = next(c for c in readme_commands() if c.text == "pytest -n 2")
+    assert dc.built_by_ci(tests_cmd.install, ".venv") is not None, tests_cmd.install  # .ci/run's own install line
+    assert dc.pip_steps(tests_cmd.install) == ["pip install torch==2.13.0 -e '.[dev,quanto,llamacpp,docs]'"]
+    assert "pytest -n 2" in (REPO / ".ci" / "run").read_text().splitlines()
 
 
 def test_main_command_runs_the_suites() -> None:
-    main_cmd = block_after("## The two commands", "bash")
-    assert "pip install torch==2.13.0" in main_cmd and "pytest suites" in main_cmd
+    main_cmd = next(c for c in readme_commands() if c.text.startswith("pytest suites -n 2"))
+    assert "pip install torch==2.13.0" in main_cmd.install and main_cmd.kind == "expensive"

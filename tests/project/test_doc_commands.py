@@ -1,0 +1,192 @@
+"""Every command that README.md and docs/ show runs as written, from a copy of the checkout, in the venv that the
+page's own install line makes (scripts/doc_commands.py reads them from the pages; nothing here copies one).
+
+A command marked ``# expensive:`` runs at ``--kvaudit-n=REDUCED_N`` (the test's id says so); one marked
+``# fails:`` must exit 1 (the page shows a finding); one marked ``# CI skips:`` is listed as skipped with the
+page's reason (``pytest -rs`` prints it). An install line that .ci/run already built (the dev venv, .venv-vllm)
+is not built twice; any other is built once, as written, in a fresh copy of the checkout."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvtest import REPO, script
+
+#: the n at which CI runs a command that its page marks ``# expensive:``
+REDUCED_N = 2
+#: the most one command may take here (an expensive one at REDUCED_N included)
+TIMEOUT_S = 900
+
+
+dc = script("doc_commands")
+COMMANDS = dc.commands()
+
+
+def _first_of_each() -> dict[str, str]:
+    """Each command's id -> the id of the first command that runs the same thing (the same install line, variable
+    lines, files and text as CI runs it): that one runs, the others name it."""
+    first: dict[tuple, str] = {}
+    out = {}
+    for c in COMMANDS:
+        text = dc.reduced(c.text, REDUCED_N) if c.kind == dc.EXPENSIVE else c.text
+        out[c.id] = first.setdefault((c.install, c.prelude, c.files, c.kind, text), c.id)
+    return out
+
+
+SAME_AS = _first_of_each()
+
+
+def _id(c) -> str:  # noqa: ANN001
+    return f"{c.id} {c.kind}" + (f" n={REDUCED_N}" if c.kind == dc.EXPENSIVE else "")
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The checkout as a fresh clone would have it (tracked and unignored files, as they are now)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
+def clean_env(cache: Path | None = None) -> dict[str, str]:
+    """The environment a user's shell has: none of this run's pytest or venv settings. ``cache`` is the
+    install line's own KVAUDIT_CACHE, so that a venv fetches and converts SmolLM2 itself (a warm cache would
+    hide a missing extra: the conversion needs ``gguf``)."""
+    drop = ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+            "VIRTUAL_ENV", "PYTHONPATH", "KVAUDIT_CACHE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if cache is not None:
+        env["KVAUDIT_CACHE"] = str(cache)
+    return env
+
+
+class Venvs:
+    """One venv per install line, shared by the xdist workers (built under a file lock)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def cache(self, cmd) -> Path:  # noqa: ANN001
+        return self.root / f"cache-{hashlib.sha256(cmd.install.encode()).hexdigest()[:12]}"
+
+    def get(self, cmd) -> Path:  # noqa: ANN001
+        ci = dc.built_by_ci(cmd.install, cmd.venv)
+        if ci is not None:
+            if not (ci / "bin" / "activate").is_file():
+                pytest.skip(f"{cmd.venv} is not built here: .ci/run builds it with this install line")
+            return ci
+        from filelock import FileLock
+
+        key = hashlib.sha256(cmd.install.encode()).hexdigest()[:12]
+        home, log = self.root / f"venv-{key}", self.root / f"venv-{key}.log"
+        with FileLock(str(self.root / f"venv-{key}.lock")):
+            if not (home / "ok").exists():
+                if home.exists():
+                    pytest.fail(f"the install line failed before:\n{cmd.install}\n{log.read_text()[-3000:]}")
+                copy_checkout(home)
+                res = subprocess.run(["bash", "-e", "-c", cmd.install], cwd=home, env=clean_env(), text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+                log.write_text(res.stdout)
+                assert res.returncode == 0, f"the install line failed:\n{cmd.install}\n{res.stdout[-3000:]}"
+                (home / "ok").touch()
+        return home / cmd.venv
+
+
+@pytest.fixture(scope="session")
+def venvs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Venvs:
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "doc-venvs"
+    root.mkdir(exist_ok=True)
+    return Venvs(root)
+
+
+def script(cmd, venv: Path, text: str) -> str:  # noqa: ANN001
+    return "\n".join(["set -eo pipefail", f". {venv}/bin/activate", *cmd.prelude, text])
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=_id)
+def test_the_command_runs_as_written(cmd, venvs: Venvs, tmp_path: Path) -> None:  # noqa: ANN001
+    if cmd.kind == dc.SKIP:
+        pytest.skip(f"{cmd.id}: {cmd.reason}")
+    if SAME_AS[cmd.id] != cmd.id:
+        pytest.skip(f"{cmd.id}: the same command as {SAME_AS[cmd.id]}, which runs it")
+    venv = venvs.get(cmd)
+    if cmd.kind == dc.SETUP_KIND:
+        return  # the install line built the venv (or .ci/run did, with the same steps)
+    if cmd.files:
+        for name, body in cmd.files:
+            (tmp_path / name).write_text(body)
+        cwd = tmp_path
+    else:
+        cwd = copy_checkout(tmp_path / "checkout")
+    text = dc.reduced(cmd.text, REDUCED_N) if cmd.kind == dc.EXPENSIVE else cmd.text
+    res = subprocess.run(["bash", "-c", script(cmd, venv, text)], cwd=cwd, env=clean_env(venvs.cache(cmd)), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    print(f"$ {text}\n{res.stdout[-4000:]}")
+    want = 1 if cmd.kind == dc.FAILS else 0
+    assert res.returncode == want, f"{cmd.id}: exit {res.returncode}, the page says {want}:\n$ {text}\n" \
+                                   f"{res.stdout[-4000:]}"
+
+
+# -- the reader, on pages made up here ------------------------------------------------------------------------------
+def page(tmp_path: Path, text: str):  # noqa: ANN201
+    p = tmp_path / "page.md"
+    p.write_text(text)
+    dc.REPO, old = tmp_path, dc.REPO
+    try:
+        return dc.page_commands(p, "python3 -m venv .venv && pip install -e .")
+    finally:
+        dc.REPO = old
+
+
+def test_the_reader_finds_each_command_with_its_mark(tmp_path: Path) -> None:
+    cmds = page(tmp_path, "x\n```bash\npython3 -m venv .v && . .v/bin/activate && pip install -e '.[a]' && pytest -q\n"
+                          "X=$(python scripts/smollm2.py)\n"
+                          "pytest --kvaudit-model=$X \\\n  --kvaudit-n=200   # expensive: an hour\n"
+                          "pytest --kvaudit-model=/models/mine   # CI skips: your checkpoint\n```\n"
+                          "```bash\n# CI skips: needs a GPU\npytest --kvaudit-device=cuda\n```\n")
+    assert [(c.line, c.kind) for c in cmds] == [(3, "run"), (4, "define"), (5, "expensive"), (7, "skip"),
+                                                 (11, "skip")]
+    first, _, expensive, mine, gpu = cmds
+    assert first.text == "pytest -q" and first.install.endswith("pip install -e '.[a]'") and first.venv == ".v"
+    assert expensive.prelude == ("X=$(python scripts/smollm2.py)",) and expensive.reason == "an hour"
+    assert dc.reduced(expensive.text, 2) == "pytest --kvaudit-model=$X \\\n  --kvaudit-n=2"
+    assert mine.reason == "your checkpoint" and gpu.reason == "needs a GPU"
+
+
+def test_an_expensive_command_without_an_n_is_refused() -> None:
+    assert dc.reduced("pytest suites -n 2", 3) == "pytest --kvaudit-n=3 suites -n 2"
+    assert dc.reduced("bash benchmarks/results/x/run.sh out", 3) == "N=3 bash benchmarks/results/x/run.sh out"
+    with pytest.raises(ValueError, match="no n to reduce"):
+        dc.reduced("mkdocs build", 3)
+
+
+def test_a_test_file_shown_on_the_page_travels_with_its_commands(tmp_path: Path) -> None:
+    cmds = page(tmp_path, "```python\n# test_mine.py -- a claim\ndef test_x():\n    pass\n```\n"
+                          "```bash\npytest --kvaudit-n=4   # fails: the finding\n```\n")
+    assert cmds[0].kind == "fails" and cmds[0].files == (("test_mine.py", "# test_mine.py -- a claim\ndef test_x():\n"
+                                                                           "    pass\n"),)
+
+
+def test_the_readme_opens_with_a_command_that_runs() -> None:
+    first = next(c for c in COMMANDS if c.page == "README.md" and c.kind not in (dc.SETUP_KIND, dc.DEFINE))
+    assert first.kind == dc.RUN and first.line <= 30, first
+    assert dc.built_by_ci(first.install, first.venv) is None  # run in a venv of its own install line, not CI's
+
+
+def test_every_command_is_marked_or_runs_here() -> None:
+    """A placeholder left unmarked (a user's checkpoint, a GPU) would fail above; none is silently dropped."""
+    unmarked = [c.id for c in COMMANDS if c.kind in (dc.RUN, dc.FAILS)
+                and re.search(r"ckpts/|/models/|\bCKPT\b|=DIR\b|\$N\b|--kvaudit-device=cuda|mkdocs serve", c.text)]
+    assert unmarked == []
