@@ -10,14 +10,7 @@ import pytest
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import parse_engine_args
 from pytest_kvaudit.core.model.schedules import extra_constructions
-
-BACKEND = "--kvaudit-backend"
-ENGINE_ARG = "--kvaudit-engine-arg"
-ENGINE_ARGS_INI = "kvaudit_engine_arg"
-ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineArgs argument such as block_size=16, "
-                   "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, "
-                   "tensor_parallel_size=2, enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU "
-                   "only); repeatable; recorded in the ledger's environment and compared by the gate")
+from pytest_kvaudit.options import BACKEND, ENGINE_ARG, ENGINE_ARGS_INI
 
 
 def engine_args(config: pytest.Config, backend: str) -> tuple[tuple[str, str], ...]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from pytest_kvaudit.claims import Claim, registered
-
 
 def uses_store(item: Any) -> bool:
     """A kvaudit test: one that reads the store (``kvaudit_judge`` and ``kvaudit_records`` do)."""
@@ -26,7 +24,10 @@ def selected_claims(selection: tuple[str, ...] | None, collected: set[str] | Non
                     undeclared: Sequence[str]) -> list[Any]:
     """The registered claims a run judges: those its tests collected (after ``-k``), else those
     ``--kvaudit-claims`` names (None, ``all`` or nothing: every one); and a claim that declares nothing for each
-    test that reads the store without one (it gets everything)."""
+    test that reads the store without one (it gets everything). The claims load here: :func:`uses_store` is asked
+    in every run, by the interrupt handler, and costs nothing."""
+    from pytest_kvaudit.claims import Claim, registered
+
     claims = [c for c in registered() if (c.name in collected if collected is not None else
                                           selection in (None, ("all",), ()) or c.name in (selection or ()))]
     return claims + [Claim() for _ in undeclared]

@@ -7,6 +7,9 @@ lands, waits for every part and judges the merged records, so a claim over 200 i
 whatever ``-n``. A worker that dies leaves a ``.dead`` marker (written by the controller in
 ``pytest_testnodedown``): the items it computed are reported missing and no claim that needed them can
 pass.
+
+Every run imports this module (the plugin settles where its process sits at configure, :func:`place`), so what
+only the controller reads (its progress printer, the workers' selection) is imported in the controller's hooks.
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_kvaudit.progress import WorkerProgress, printer
-from pytest_kvaudit.settings import SELECTION_KEY
-from pytest_kvaudit.workers.stop import StopFlag
+from pytest_kvaudit import interrupts
+from pytest_kvaudit.workers.topology import Topology
+
+if TYPE_CHECKING:
+    from pytest_kvaudit.progress import WorkerProgress
+    from pytest_kvaudit.workers.stop import StopFlag
 
 SHARD_DIR = "kvaudit_shard_dir"
 
@@ -38,6 +44,8 @@ class XdistController:
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from pytest_kvaudit.progress import WorkerProgress, printer
+
         show = printer(session.config)
         if show is not None:  # prints only once workers write progress, i.e. when kvaudit tests run
             self.progress = WorkerProgress(self.dir, show)
@@ -55,6 +63,8 @@ class XdistController:
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        from pytest_kvaudit.settings import SELECTION_KEY
+
         wid = str(node.workerinput.get("workerid", ""))
 
         self.selection = self.selection or (getattr(node, "workeroutput", None) or {}).get(SELECTION_KEY)
@@ -89,3 +99,21 @@ def worker_place(config: pytest.Config) -> tuple[int, int, Path] | None:
     index = int(str(wi["workerid"]).removeprefix("gw"))
     # a replacement for a crashed worker has an index past the count: it reads, it computes nothing
     return (index if index < count else -1, count, Path(wi[SHARD_DIR]))
+
+
+def place(config: pytest.Config, topo: Topology) -> XdistController | None:
+    """Where this process sits (``topo.worker``, its stop flag ``topo.stop``), settled at configure in every run,
+    one that names no kvaudit option included: the controller hands its shard folder to the workers before anyone
+    knows whether they will collect a kvaudit test. Returns the controller's :class:`XdistController`, if this is
+    one. Cheap: a folder and two plugin objects, nothing imported."""
+    controller, folder = None, None  # the xdist run's shard folder, where its stop flag lives
+    if config.pluginmanager.hasplugin("xdist"):
+        topo.worker, folder = worker_place(config), run_folder(config)
+        if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+            controller = XdistController()
+            config.pluginmanager.register(controller, "kvaudit-xdist")
+            folder = controller.dir
+    topo.stop = interrupts.register(config, folder).flag
+    if controller is not None:
+        controller.stop = topo.stop
+    return controller

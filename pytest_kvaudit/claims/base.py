@@ -145,6 +145,19 @@ class Claim:
         itself)."""
         return {}
 
+    def verdict_chance(self, n: int, discordance: float, thresholds: Mapping[str, float]) -> float | None:
+        """The chance that this claim's statistical rule reaches a verdict (pass or fail) on ``n`` units of one
+        precision when a share ``discordance`` of them disagree and nothing truly moves, computed on the rule
+        itself (:mod:`pytest_kvaudit.claims.power`); None (the default) for a claim that decides on counts alone."""
+        return None
+
+    def rejudge(self, result: Mapping[str, Any], thresholds: Mapping[str, float]) -> ClaimResult | None:
+        """A committed report's result (``result``, as the JSON holds it) judged again from the counts it
+        recorded by today's rules, with ``thresholds``; None (the default) for a claim whose recorded verdict
+        stands, its rule unchanged since (:data:`pytest_kvaudit.claims.rules.RULES_VERSION`) or not a statistic
+        of its counts."""
+        return None
+
     def recorded_run(self, config: AuditConfig) -> Path | None:
         """A file in which an earlier run of this model recorded its lengths (a ledger), for the plan to price
         the run on; None by default."""
@@ -257,6 +270,10 @@ def names(units: Iterable[str], limit: int = 8) -> str:
 
 
 def combine(statuses: Iterable[str]) -> str:
+    """A claim's verdict from its parts: FAIL when any part fails, PASS when every part passes, else
+    inconclusive. So a claim's PASS size is one part's (every part must pass), and its FAIL size is up to the sum
+    of its parts': a statistical rule judges each FAIL part at alpha split over the parts
+    (:mod:`pytest_kvaudit.claims.rules`), keeping the claim's FAIL size at most alpha."""
     s = list(statuses)
     if FAIL in s:
         return FAIL

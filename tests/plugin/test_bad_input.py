@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pytest_kvaudit import option_values as ov
 from pytest_kvaudit import options as opt
 from pytest_kvaudit import thresholds
 from pytest_kvaudit.core.errors import KvauditError
@@ -199,13 +200,13 @@ garbage = st.one_of(
 @given(flag=st.sampled_from(NUMERIC), raw=garbage)
 def test_garbage_numeric_values_never_escape_as_a_traceback(flag: str, raw: str) -> None:
     try:
-        cfg = opt.build_config(StubConfig({opt.dest(flag): raw}))  # type: ignore[arg-type]
+        cfg = ov.build_config(StubConfig({opt.dest(flag): raw}))  # type: ignore[arg-type]
     except pytest.UsageError as exc:
         assert flag.removeprefix("--") in str(exc) or "boundary" in str(exc)
         one_line(str(exc))
         return
     # accepted: then it is what the range promises
-    lo_hi = opt.INT_RANGES.get(flag)
+    lo_hi = ov.INT_RANGES.get(flag)
     if lo_hi is not None and raw.strip():
         got = {opt.N: cfg.n, opt.MAX_NEW_TOKENS: cfg.max_new_tokens, opt.THREADS: cfg.threads,
                opt.DONOR_UNITS: cfg.donor_max_units, opt.SEED: cfg.seed}[flag]

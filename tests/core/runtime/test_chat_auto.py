@@ -192,10 +192,10 @@ class _Config:
                                              (None, "true", True), ("auto", "off", None)])
 def test_the_flag_and_its_ini_twin(option: str | None, ini: str, want: bool | None) -> None:
     """auto by default; the flag wins over the ini key; an old ini boolean still reads."""
-    from pytest_kvaudit import options as opt
+    from pytest_kvaudit import option_values as ov
 
-    assert opt.build_config(_Config(option, ini)).chat_template is want  # type: ignore[arg-type]
+    assert ov.build_config(_Config(option, ini)).chat_template is want  # type: ignore[arg-type]
     with pytest.raises(pytest.UsageError, match=r"--kvaudit-chat-template is empty"):
-        opt.build_config(_Config(""))  # type: ignore[arg-type]
+        ov.build_config(_Config(""))  # type: ignore[arg-type]
     with pytest.raises(pytest.UsageError, match=r"kvaudit_chat_template \(ini\)='sometimes': use auto"):
-        opt.build_config(_Config(None, "sometimes"))  # type: ignore[arg-type]
+        ov.build_config(_Config(None, "sometimes"))  # type: ignore[arg-type]
