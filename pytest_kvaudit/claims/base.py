@@ -135,8 +135,8 @@ class Claim:
         """Why this claim has nothing to judge in a run of ``config`` (its test skips, saying so, before any
         verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies. By
         default: a need the run's backend lacks (the llama.cpp backend has no per-layer K/V to sweep)."""
-        missing = lacked(config.backend, self.needs or ())
-        return f"the {config.backend} backend cannot compute {', '.join(missing)}" if missing else None
+        missing = lacked(config.engine, self.needs or ())
+        return f"the {config.engine.name} backend cannot compute {', '.join(missing)}" if missing else None
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """Items (``--kvaudit-n``) the claim needs to decide beyond its least-evidence counts, at the rates a

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.core.compute.cells import prompt_ids
 from pytest_kvaudit.core.model.config import BoundaryRule
-from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.items import extract_answer, stopper, token_text
 from pytest_kvaudit.core.runtime.decoder import Cost, Decoder, continue_greedy, trajectory
 
@@ -28,7 +27,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     precisions run last to first, so the model the store computes first stays loaded. Counted apart from the
     store's cost."""
     cfg, iset = store.cfg, store.item_set
-    timer = engine(cfg.backend).calibrator or forward_calibration
+    timer = cfg.engine.calibrator
     out: dict[str, Any] = {"sample": sample, "dtypes": {}}
     t_all = time.perf_counter()
     tokens = 0

@@ -18,6 +18,7 @@ from pytest_kvaudit.claims.notes import lossy_note
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model import cache_kinds as lossy
 from pytest_kvaudit.core.model.config import AuditConfig, parse_cache_kinds
+from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.records import CellRecord
 
 CLAIM = "lossy_cache_budget"
@@ -25,13 +26,14 @@ INT2 = "quantized:quanto-int2"
 
 
 def test_cache_kinds_parse_and_refuse_in_one_line() -> None:
-    assert parse_cache_kinds("dynamic,quantized:fp8,offloaded") == ("quantized:fp8", "offloaded")
+    transformers = engine("transformers")  # every kind: the forward-level probes make each one
+    assert parse_cache_kinds("dynamic,quantized:fp8,offloaded", transformers) == ("quantized:fp8", "offloaded")
     assert lossy.parse_lossy("quantized:hqq-int3") == lossy.LossySpec("hqq", 3)
     assert lossy.parse_lossy("static") is None and not lossy.is_lossy("offloaded")
     with pytest.raises(KvauditError, match=r"quanto quantizes K/V to 2, 4 bits, not 8"):
-        parse_cache_kinds("quantized:quanto-int8")
+        parse_cache_kinds("quantized:quanto-int8", transformers)
     with pytest.raises(KvauditError, match="is not a quantized cache"):
-        parse_cache_kinds("quantized:int4")
+        parse_cache_kinds("quantized:int4", transformers)
     assert lossy.offload_not_meaningful("cpu") and lossy.offload_not_meaningful("cuda:0") is None
 
 

@@ -88,7 +88,7 @@ class TransformersBackend(ModelHandle):
 
 
 def open_spec(spec: OpenSpec) -> TransformersBackend:
-    """The transformers engine's opener (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.opener`)."""
+    """The transformers engine's opener (:attr:`pytest_kvaudit.core.engine.record.EngineSpec.opener`)."""
     return TransformersBackend(**vars(open_model(spec)))
 
 

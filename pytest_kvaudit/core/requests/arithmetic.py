@@ -1,6 +1,7 @@
-"""The plain arithmetic of a vLLM cell (:mod:`.vllm_cells`): which request builds a construction, where a
-whole-block hit's boundary lies, how a suffix is cut by the stop rule, and the digests of top-k logit rows.
-Pure functions of ids and numbers: no engine, no torch."""
+"""The plain arithmetic of a request-level cell (:mod:`.cells`): which request builds a construction, where a
+whole-block hit's boundary lies, how a suffix is cut by the stop rule, what a request cost, the price of the
+requests a cell sends, and the digests of top-k logit rows. Pure functions of ids and numbers: no engine, no
+torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from pytest_kvaudit.core.runtime.state.tensors import digest
 
-#: the constructions a vLLM cell builds as one request each (besides live and the prefix-cache hits)
+#: the constructions a request-level cell builds as one request each (besides live and the prefix-cache hits)
 REQUESTS = ("prefill", "incremental", "chunked(", "batched(")
 
 
@@ -28,15 +29,15 @@ def block_edge(prompt_len: int, boundary: int, block: int, limit: int) -> int | 
 
 def cacheable(ids: int, block: int) -> int:
     """Tokens of a ``ids``-long prompt a prefix-cache hit can cover: whole blocks, and never the last token
-    (vLLM always computes a prompt's last token)."""
+    (a paged engine always computes a prompt's last token)."""
     return (max(ids - 1, 0) // block) * block
 
 
 def logits_fp(rows: Sequence[Sequence[tuple[int, float]]]) -> str:
-    """Digest of the top-k (id, raw logit) of every step: vLLM hands out no full logits vector."""
+    """Digest of the top-k (id, raw logit) of every step: a serving engine hands out no full logits vector."""
     import struct
 
-    h = digest(b"vllm-topk")
+    h = digest(b"vllm-topk")  # its first engine's tag, kept: the ledgers' fingerprints hold it
     for row in rows:
         h.update(b"|" + b"".join(struct.pack("<if", t, v) for t, v in row))
     return str(h.hexdigest())
@@ -55,7 +56,7 @@ def perturbed(fault: Callable[[Any, str], None], state: Any, path: str) -> Any:
 def stopped(stop: Callable[[Sequence[int]], bool] | None, tokens: Sequence[int],
             rows: Sequence[Any]) -> tuple[tuple[int, ...], list[Any]]:
     """A suffix (and its rows) as the item set's stop rule ends it (:func:`pytest_kvaudit.core.model.items.stopper`):
-    vLLM decodes to the budget, and the tokens past the first match are dropped, so the suffix is what a stopped
+    the engine decodes to the budget, and the tokens past the first match are dropped, so the suffix is what a stopped
     decoder writes."""
     k = next((k for k in range(1, len(tokens) + 1) if stop is not None and stop(tokens[:k])), len(tokens))
     return tuple(tokens[:k]), list(rows[:k])
@@ -92,15 +93,11 @@ def other_tail(prefix: Sequence[int], shared: int) -> list[int]:
     return [*prefix[:shared], nxt + 1 if nxt > 0 else 1]
 
 
-#: the block size kvaudit's vLLM engine runs unless ``--kvaudit-engine-arg block_size=N`` says otherwise
-BLOCK = 32
-
-
-def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -> tuple[int, int] | None:
-    """The plan's price (calls, tokens) of a vLLM step that is not the pipeline's forward model, from the
-    requests :class:`.vllm_cells.VllmCellBuilder` sends (``head`` ids before the prefix's last, ``suffix`` decode
-    steps, ``budget`` what a request may decode); None for a step priced as declared (``prefill``,
-    ``incremental``, ``chunked(c)`` and the 2x2's cells cost what their forwards do):
+def request_price(name: str, prompt: int, head: int, suffix: int, budget: int, block: int) -> tuple[int, int] | None:
+    """The plan's price (calls, tokens) of a request-level step that is not the pipeline's forward model, on blocks
+    of ``block`` tokens, from the requests :class:`.cells.RequestCellBuilder` sends (``head`` ids before the
+    prefix's last, ``suffix`` decode steps, ``budget`` what a request may decode); None for a step priced as
+    declared (``prefill``, ``incremental``, ``chunked(c)`` and the 2x2's cells cost what their forwards do):
 
     - ``warm``: the partial hit (its tail after the last whole block prefilled), the whole-block hit (the ids
       between its block edge and the boundary, decoded), the request that writes the cross-request hit's
@@ -108,7 +105,7 @@ def request_price(name: str, prompt: int, head: int, suffix: int, budget: int) -
     - ``batched(B)``: the unit's request and ``B`` others of its length, which decode to the budget;
     - ``transplant``: one cold request that prefills ``prefix[:-1]`` again before its continuation;
     - ``cross`` (a ledger records its continuation apart): nothing more, ``warm`` sent it."""
-    tail = head - cacheable(head + 1, BLOCK)
+    tail = head - cacheable(head + 1, block)
     if name in ("cross", "warm:block"):  # sent by the warm step, in its price (a ledger records cross apart)
         return 0, 0
     if name == "warm":

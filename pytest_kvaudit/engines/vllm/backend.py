@@ -2,17 +2,17 @@
 process, with its automatic prefix cache, paged K/V blocks and scheduler.
 
 vLLM cannot run one forward of caller-chosen ids on a caller-held cache, so its constructions are *requests*
-(:mod:`pytest_kvaudit.core.compute.vllm_cells` builds the cell from them) and this module is the engine's side of them:
+(:mod:`pytest_kvaudit.core.requests.cells` builds the cell from them) and this module is the engine's side of them:
 
 - :meth:`VllmBackend.run` serves a batch of requests greedily (``temperature=0``) and returns, per request,
   its tokens, the top-k raw logits of every step (``logprobs_mode="raw_logits"``), ``num_cached_tokens``
   (the prefix-cache hit), the KV blocks it held (read by a hook on the scheduler's free path) and the tokens
   the scheduler gave it in each engine step (the chunked-prefill proof);
-- a request may be *teacher-forced* over given ids (:class:`.vllm_force.ForceTokens`, a logits processor that masks
+- a request may be *teacher-forced* over given ids (:class:`.force.ForceTokens`, a logits processor that masks
   every other token while the forced ids last): the K/V of those ids are then written by decode steps, as the
   live request wrote its own, which is how the bridge (``incremental``) and the 2x2's replay are built;
 - :meth:`VllmBackend.read` copies a request's K/V out of its blocks on every rank, through the layout the
-  attention backend declares (:mod:`.vllm_layout`, :mod:`.vllm_ranks`), and :meth:`VllmBackend.write` writes
+  attention backend declares (:mod:`.layout`, :mod:`.ranks`), and :meth:`VllmBackend.write` writes
   them back to every rank (the transplants; a fault that perturbs a cached block).
 
 The names read here (``engine_core``, ``model_runner.kv_caches``, ``scheduler._free_request_blocks``) are
@@ -31,28 +31,25 @@ from typing import Any
 
 from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.items import token_text
-from pytest_kvaudit.core.runtime.backends.vllm_engine import (
+from pytest_kvaudit.core.requests.protocol import Done, Request
+from pytest_kvaudit.core.requests.state import PagedState
+from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
+from pytest_kvaudit.engines.vllm.engine import (
     DTYPES,
     FORCE,
     NAME,
     PINNED,
     STOP,
     TOP_K,
-    Done,
     SchedulerHooks,
     engine_kwargs,
     eos_ids,
     internal,
     load_vllm,
 )
-from pytest_kvaudit.core.runtime.backends.vllm_ranks import Ranks
-from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
-from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
+from pytest_kvaudit.engines.vllm.ranks import Ranks
 
 __all__ = ["NAME", "PINNED", "Done", "Request", "VllmBackend", "internal", "open_backend"]
-
-#: one request: its prompt ids, ``max_tokens``, the ids it forces as decode steps, and optionally its stop rule
-Request = tuple[Sequence[int], int, Sequence[int]] | tuple[Sequence[int], int, Sequence[int], Mapping[str, Any] | None]
 
 
 class VllmBackend:
@@ -60,19 +57,19 @@ class VllmBackend:
     (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
     per_layer = True
-    #: its constructions are requests: :mod:`pytest_kvaudit.core.compute.vllm_cells` builds them
+    #: its constructions are requests: :mod:`pytest_kvaudit.core.requests.cells` builds them
     constructions: tuple[str, ...] = ()
 
     def __init__(self, path: Path, dtype: str, spec: str, trust_remote_code: bool,
                  engine_args: Mapping[str, str] | None = None) -> None:
         """``engine_args`` (``--kvaudit-engine-arg``, e.g. ``tensor_parallel_size=2``) go to ``vllm.LLM`` over
-        kvaudit's defaults (:func:`.vllm_engine.engine_kwargs`)."""
+        kvaudit's defaults (:func:`.engine.engine_kwargs`)."""
         vllm = load_vllm()
         if dtype not in DTYPES:
             raise KvauditError(f"--kvaudit-dtypes={dtype}: the {NAME} backend runs {', '.join(DTYPES)}")
         from vllm.platforms import current_platform
 
-        from pytest_kvaudit.core.runtime.backends.vllm_force import ForceTokens
+        from pytest_kvaudit.engines.vllm.force import ForceTokens
 
         #: the user's --kvaudit-engine-arg, as given (recorded and compared by the gate), and what reached vllm.LLM
         self.engine_args = dict(sorted((engine_args or {}).items()))
@@ -126,7 +123,7 @@ class VllmBackend:
     def run(self, requests: Sequence[Request], budget: int | None = None) -> list[Done]:
         """Serve ``(prompt ids, max_tokens, forced ids[, stop rule])`` requests in one call (one batch), greedily;
         ``budget`` sets the scheduler's token budget per step for this call (chunked prefill). A stop rule
-        (:data:`.vllm_engine.STOP`, without ``eos``: this backend adds it) ends the request where the item set's
+        (:data:`.engine.STOP`, without ``eos``: this backend adds it) ends the request where the item set's
         stop regex matches its suffix, as a transformers decoder stops, rather than at ``max_tokens``."""
         from vllm import SamplingParams
 
@@ -169,7 +166,7 @@ class VllmBackend:
         n = -(-positions // self.block_size)
         if n > len(blocks):
             raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
-        return VllmState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
+        return PagedState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
         """Overwrite the cells of ``state``'s positions in ``blocks``, every layer, on every rank (a partial last

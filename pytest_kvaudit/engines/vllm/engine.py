@@ -1,6 +1,6 @@
-"""What the vLLM backend (:mod:`.vllm`) needs of vLLM itself: the engine's environment and settings, the
-import, the internal names it reads (:func:`internal`), a finished request (:class:`Done`) and the scheduler
-hooks (the teacher-forcing logits processor is :mod:`.vllm_force`). No module here imports :mod:`.vllm`, so the
+"""What the vLLM backend (:mod:`.backend`) needs of vLLM itself: the engine's environment and settings, the
+import, the internal names it reads (:func:`internal`) and the scheduler hooks (the teacher-forcing logits
+processor is :mod:`.force`). No module here imports :mod:`.backend`, so the
 calibration and the cells can read the settings without a circle."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import json
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ BATCH_INVARIANT = "batch_invariant"
 DTYPES = {p.name: p.torch for p in PRECISIONS if p.torch is not None}  # the one precision table's torch names
 TOP_K = 20
 FORCE = "kvaudit_force"
-#: a request's stop rule, for :class:`.vllm_force.ForceTokens`: ``regex``, ``eos`` (the id it forces), and where the
+#: a request's stop rule, for :class:`.force.ForceTokens`: ``regex``, ``eos`` (the id it forces), and where the
 #: suffix starts: ``after`` ids into the output (behind ``lead`` ids already in the prompt), or the boundary
 #: rule (``marker``/``tokens``) found in the output
 STOP = "kvaudit_stop"
@@ -64,37 +63,6 @@ def internal(obj: Any, path: str) -> Any:
                                f"{NAME} backend reads vLLM's internals as of vllm=={PINNED}; install that version")
         obj = getattr(obj, part)
     return obj
-
-
-@dataclass
-class Done:
-    """One finished request, as the audit reads it."""
-
-    prompt_len: int
-    tokens: tuple[int, ...]
-    #: per generated token: the top-k (token id, raw logit) of the step, in rank order
-    rows: list[list[tuple[int, float]]]
-    cached: int  # num_cached_tokens: prompt tokens taken from the prefix cache
-    blocks: list[int]  # the KV block ids it held, in position order
-    #: tokens the scheduler gave it in each engine step, and how many requests that step ran
-    steps: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def prefill_chunks(self) -> list[int]:
-        """The engine steps that computed its prompt (past the cache hit): the chunked-prefill proof."""
-        need, out = self.prompt_len - self.cached, []
-        for n, _ in self.steps:
-            if need <= 0:
-                break
-            out.append(n)
-            need -= n
-        return out
-
-    @property
-    def prefill_batch(self) -> int:
-        """The most requests any of its prompt's steps ran with (batched(B): B + 1)."""
-        k = len(self.prefill_chunks)
-        return max((b for _, b in self.steps[:k]), default=0)
 
 
 def attention_backend(runner: Any) -> str:

@@ -29,7 +29,7 @@ from pytest_kvaudit.oracle import FP32_RTOL, check_read, permute_in_blocks, refe
 #: two whole blocks of 32 and a partial third
 PROMPT = 77
 #: where kvaudit's read of a rank's blocks lives (the engine runs in process: a monkeypatch reaches it)
-LAYOUT = "pytest_kvaudit.core.runtime.backends.vllm_layout"
+LAYOUT = "pytest_kvaudit.engines.vllm.layout"
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
@@ -62,7 +62,7 @@ def _served(backend: Any, ids: list[int]) -> tuple[list[int], Any]:
 
 
 def _permute(how: str, backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_kvaudit.core.runtime.backends import vllm_layout
+    from pytest_kvaudit.engines.vllm import layout as vllm_layout
 
     if how == "read":  # every layout: the read's positions reversed inside each block
         real = vllm_layout.KvLayout.read
@@ -109,15 +109,15 @@ def test_the_oracles_kv_written_into_the_blocks_reads_back(engine: tuple[Any, An
     """kvaudit's write puts each position's K/V in its own cells (partial last block included): the oracle's K/V
     written over the prompt's blocks read back bit for bit; a write that reverses the positions inside each block
     does not."""
-    from pytest_kvaudit.core.runtime.backends import vllm_layout
-    from pytest_kvaudit.core.runtime.backends.vllm_state import VllmState
+    from pytest_kvaudit.core.requests.state import PagedState
+    from pytest_kvaudit.engines.vllm import layout as vllm_layout
 
     backend, model = engine
     ids = _ids(int(model.config.vocab_size))
     blocks, state = _served(backend, ids)
     ref = reference_kv(model, ids)
     dtype = state.layers[0].dtype
-    written = VllmState([torch.stack([k, v]).to(dtype) for k, v in ref], state.positions, state.block_size)
+    written = PagedState([torch.stack([k, v]).to(dtype) for k, v in ref], state.positions, state.block_size)
     if permuted:
         real = vllm_layout.KvLayout.write
 

@@ -48,13 +48,12 @@ def backend() -> Any:
 
 @pytest.fixture
 def builder(backend: Any) -> Any:
-    from pytest_kvaudit.core.compute.store import cell_builder
     from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.core.runtime.decoder import Decoder
     from pytest_kvaudit.core.runtime.itemcheck import resolve
 
     cfg, items = resolve(AuditConfig(backend="vllm", n=2, boundary=BOUNDARY))
-    return cell_builder("vllm")(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
+    return cfg.engine.cell_builder(Decoder(backend), backend.tokenizer, cfg, items, None, backend.max_positions), items
 
 
 def test_models_vllm_cannot_serve_are_one_line(tmp_path: Path) -> None:
@@ -240,9 +239,9 @@ def test_a_broken_fp8_path_fails_lossy_cache_budget(backend: Any, builder: Any,
     from types import SimpleNamespace
 
     from pytest_kvaudit.claims.base import Evidence, get
-    from pytest_kvaudit.core.compute import vllm_lossy
     from pytest_kvaudit.core.model.pipeline import work_of
     from pytest_kvaudit.core.runtime.decoder import Cost, Faults
+    from pytest_kvaudit.engines.vllm import lossy as vllm_lossy
 
     b, items = builder
     claim = get("lossy_cache_budget")
@@ -271,8 +270,8 @@ def test_a_broken_fp8_path_fails_lossy_cache_budget(backend: Any, builder: Any,
 def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pytest_kvaudit.core.compute import vllm_lossy
     from pytest_kvaudit.core.model.config import AuditConfig
+    from pytest_kvaudit.engines.vllm import lossy as vllm_lossy
 
     cfg = AuditConfig(backend="vllm", cache_axes=(FP8,))
     with pytest.raises(KvauditError, match=r"^--kvaudit-cache=quantized:fp8 compares vLLM's kv_cache_dtype=fp8 with "
@@ -292,7 +291,7 @@ def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.Mo
         except NotImplementedError as exc:
             raise KvauditError("vllm.LLM refused --kvaudit-engine-arg {...}: FP8 KV cache requires") from exc
 
-    monkeypatch.setattr("pytest_kvaudit.core.runtime.backends.vllm.open_backend", refused)
+    monkeypatch.setattr("pytest_kvaudit.engines.vllm.backend.open_backend", refused)
     monkeypatch.setattr(vllm_lossy, "_OPEN", {})  # an fp8 engine another test opened stays open (and unasked)
     with pytest.raises(KvauditError, match=r"^--kvaudit-cache=quantized:fp8: vLLM opens no engine with kv_cache_dtype="
                                            r"fp8 for .* at bf16: FP8 KV cache requires head_size divisible by 32 on "
@@ -301,7 +300,7 @@ def test_an_fp8_cache_the_machine_cannot_hold_is_one_line(monkeypatch: pytest.Mo
 
 
 def test_engine_args_are_parsed_and_checked_against_vllms_own() -> None:
-    from pytest_kvaudit.core.runtime.backends.vllm_engine import engine_kwargs, engine_value
+    from pytest_kvaudit.engines.vllm.engine import engine_kwargs, engine_value
 
     kw, invariant = engine_kwargs({"block_size": "64", "enable_chunked_prefill": "false", "kv_cache_dtype": "fp8",
                                    "enforce_eager": "False"}, on_cpu=True)

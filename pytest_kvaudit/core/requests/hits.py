@@ -1,16 +1,18 @@
-"""The prefix cache's three hit shapes in a vLLM cell, each with the engine's proof (``num_cached_tokens``):
+"""The prefix cache's three hit shapes in a request-level cell, each with the engine's proof (the count of cached
+prompt tokens it reports for the request: vLLM's ``num_cached_tokens``):
 
-- **partial** (``warm``): ``prefix`` requested right after ``live``, at the item's own boundary. vLLM reuses
+- **partial** (``warm``): ``prefix`` requested right after ``live``, at the item's own boundary. The engine reuses
   the whole blocks the live request wrote while decoding and prefills the tail after the last full block
   again, as in every multi-turn chat. Judged against live and against cold (``prefill``);
 - **whole-block** (``requests["warm:block"]``): the same hit at the nearest block edge inside the working
-  (:func:`.vllm_requests.block_edge`), an extra construction beside the item's own boundary: all of
+  (:func:`.arithmetic.block_edge`), an extra construction beside the item's own boundary: all of
   ``prefix[:-1]`` is reused and ``prefix[-1]`` computed alone, so it must be the live request bit for bit
   (blocks, suffix, top-k logits);
 - **cross-request** (``cross``): the cold construction's request on blocks that *another* request wrote, one
-  that shares the prefix's whole blocks and nothing after (:func:`.vllm_requests.other_tail`).
+  that shares the prefix's whole blocks and nothing after (:func:`.arithmetic.other_tail`).
 
-A request that hit nothing is recorded with ``num_cached_tokens == 0`` and never counted as a hit.
+A request that hit nothing is recorded with ``num_cached_tokens == 0`` and never counted as a hit. ``b`` is the
+cell builder (:class:`.cells.RequestCellBuilder`): its backend ``b.be``, its state reader ``b.kv``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kvaudit.core.compute.vllm_requests import (
+from pytest_kvaudit.core.model.records import CellRecord
+from pytest_kvaudit.core.requests.arithmetic import (
     block_edge,
     cacheable,
     logits_fp,
@@ -28,8 +31,6 @@ from pytest_kvaudit.core.compute.vllm_requests import (
     perturbed,
     stopped,
 )
-from pytest_kvaudit.core.model.records import CellRecord
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
 
 WARM, WHOLE, CROSS = "warm", "warm:block", "cross"
 
@@ -48,9 +49,10 @@ def partial(b: Any, rec: CellRecord, prefix: tuple[int, ...], budget: int, live:
     fault_blocks(b, live.blocks, h, WARM)
     d = b.request(rec, WARM, prefix, (), budget, reset=False)
     state = b.be.read(d.blocks, h)
-    rec.comparison.first_difference["warm_vs_live"] = vs.first_difference(state, live_state)
+    rec.comparison.first_difference["warm_vs_live"] = b.kv.first_difference(state, live_state)
     tokens, rows = stopped(b.dec.stop, d.tokens, d.rows)
-    cont = b.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), prefix[len(rec.prompt_ids):])
+    cont = b.labelled(rec, tokens, b.kv.fingerprint(state), logits_fp(rows), margins(rows),
+                      prefix[len(rec.prompt_ids):])
     rec.constructions[WARM] = replace(cont, reused=d.cached)
     rec.requests[WARM]["tail"] = h - d.cached
     return state
@@ -77,8 +79,8 @@ def whole_block(b: Any, rec: CellRecord, live: Any, max_new: int) -> None:
     tokens, rows = stopped(b.dec.stop, d.tokens, d.rows)
     want, want_rows = stopped(b.dec.stop, live.tokens[bw:], live.rows[bw:])
     rec.requests[WHOLE].update({
-        "boundary": bw, "blocks_equal": vs.fingerprint(got) == vs.fingerprint(ref), "suffix_equal": tokens == want,
-        "logits_equal": logits_fp(rows) == logits_fp(want_rows), "first_difference": vs.first_difference(got, ref),
+        "boundary": bw, "blocks_equal": b.kv.fingerprint(got) == b.kv.fingerprint(ref), "suffix_equal": tokens == want,
+        "logits_equal": logits_fp(rows) == logits_fp(want_rows), "first_difference": b.kv.first_difference(got, ref),
         "suffix": list(tokens), "live_suffix": list(want)})
 
 
@@ -94,6 +96,7 @@ def cross(b: Any, rec: CellRecord, prefix: tuple[int, ...], budget: int) -> Any:
     d = b.request(rec, CROSS, prefix[:-1], prefix[-1:], budget, reset=False)
     state = b.be.read(d.blocks, h)
     tokens, rows = stopped(b.dec.stop, d.tokens[1:], d.rows[1:])
-    cont = b.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows), prefix[len(rec.prompt_ids):])
+    cont = b.labelled(rec, tokens, b.kv.fingerprint(state), logits_fp(rows), margins(rows),
+                      prefix[len(rec.prompt_ids):])
     rec.constructions[CROSS] = replace(cont, reused=d.cached)
     return state

@@ -1,4 +1,4 @@
-"""The ranks as one K/V store (:class:`pytest_kvaudit.core.runtime.backends.vllm_ranks.Ranks`), against a
+"""The ranks as one K/V store (:class:`pytest_kvaudit.engines.vllm.ranks.Ranks`), against a
 stand-in for ``llm.collective_rpc`` that answers as vLLM's executor does (one result a rank, here out of
 order): reads put every rank's heads in rank order, writes send each rank its own heads, and what kvaudit
 cannot gather (pipeline stages, heads replicated across ranks) is one line. No vLLM needed."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError
-from pytest_kvaudit.core.runtime.backends import vllm_ranks
-from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout
+from pytest_kvaudit.engines.vllm import ranks as vllm_ranks
+from pytest_kvaudit.engines.vllm.layout import KvLayout
 
 LAYERS, POSITIONS, HEAD = 3, 40, 8
 

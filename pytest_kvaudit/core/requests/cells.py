@@ -1,26 +1,24 @@
-"""One cell on vLLM: the same :class:`~pytest_kvaudit.core.model.records.CellRecord` the claims read, built from
-requests, in the steps :class:`~pytest_kvaudit.core.compute.cells.CellBuilder` runs for every engine (its
-``compute`` is the pipeline: too-long checks, the trajectory, the replicas, the constructions the selected
-claims need, the 2x2, the anatomy, the transplants on granted divergent units). This class only says how each
-step is one or more requests.
+"""One cell on a request-level engine (vLLM, transformers' continuous batching): the same
+:class:`~pytest_kvaudit.core.model.records.CellRecord` the claims read, built from requests, in the steps
+:class:`~pytest_kvaudit.core.compute.cells.CellBuilder` runs for every engine (its ``compute`` is the pipeline: too-long
+checks, the trajectory, the replicas, the constructions the selected claims need, the 2x2, the anatomy, the transplants
+on granted divergent units). This class only says how each step is one or more requests.
 
-Each construction is one request on a cold prefix cache (``reset_prefix_cache()`` first, so a unit never
-depends on what the worker served before) whose K/V over ``prefix[:-1]`` are read from its blocks as it
-finishes (:meth:`pytest_kvaudit.core.runtime.backends.vllm.VllmBackend.read`), and whose continuation starts
-from ``prefix[-1]``:
+Each construction is one request on a cold prefix cache (``reset_prefix_cache()`` first, so a unit never depends on what
+the worker served before) whose K/V over ``prefix[:-1]`` are read from its blocks as it finishes (the backend's
+``read``: :class:`.protocol.RequestBackend`), and whose continuation starts from ``prefix[-1]``:
 
 - ``live``: the request that generated the trajectory; its suffix is its own tokens after the boundary;
-- ``incremental`` (the bridge): the prompt, then ``prefix[len(prompt):]`` *teacher-forced* as decode steps,
-  then free decoding: the live request's schedule over the recorded ids;
+- ``incremental`` (the bridge): the prompt, then ``prefix[len(prompt):]`` *teacher-forced* as decode steps, then free
+  decoding: the live request's schedule over the recorded ids;
 - ``prefill`` (cold): ``prefix[:-1]`` at once, ``prefix[-1]`` forced as a decode step; ``num_cached_tokens == 0``;
 - ``chunked(c)``: ``prefill`` under a scheduler token budget of ``c`` (the prefill steps are the proof);
 - ``batched(B)``: ``prefill`` served in one call with ``B`` other requests (the step's request count is the proof);
-- the prefix cache's three hit shapes (:mod:`.vllm_hits`): ``warm`` (partial, at the item's boundary),
+- the prefix cache's three hit shapes (:mod:`.hits`): ``warm`` (partial, at the item's boundary),
   ``requests["warm:block"]`` (whole-block, at the nearest block edge inside the working) and ``cross``;
 - the 2x2's ``fixed:replay`` and ``fixed:prefill`` are ``incremental`` and ``prefill`` on the fixed ids.
 
-The boundary is the item's own (the marker's): no unit is moved to suit the block size.
-"""
+The boundary is the item's own (the marker's): no unit is moved to suit the block size."""
 
 from __future__ import annotations
 
@@ -28,11 +26,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_kvaudit.core.compute import vllm_hits as hits
-from pytest_kvaudit.core.compute import vllm_lossy
-from pytest_kvaudit.core.compute import vllm_transplants as vt
 from pytest_kvaudit.core.compute.cells import CellBuilder
-from pytest_kvaudit.core.compute.vllm_requests import (
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.model.config import BoundaryRule
+from pytest_kvaudit.core.model.digests import fingerprint_ids
+from pytest_kvaudit.core.model.items import Item, find_boundary
+from pytest_kvaudit.core.model.pipeline import FIXED, LIVE_REPLICA, constructions
+from pytest_kvaudit.core.model.records import TAIL_CHARS, TAIL_TOKENS, CellRecord, Continuation
+from pytest_kvaudit.core.requests import hits
+from pytest_kvaudit.core.requests import transplants as vt
+from pytest_kvaudit.core.requests.arithmetic import (
     REQUESTS,
     ineligible,
     logits_fp,
@@ -42,15 +45,8 @@ from pytest_kvaudit.core.compute.vllm_requests import (
     stop_rule,
     stopped,
 )
-from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.config import BoundaryRule
-from pytest_kvaudit.core.model.digests import fingerprint_ids
-from pytest_kvaudit.core.model.items import Item, find_boundary
-from pytest_kvaudit.core.model.pipeline import FIXED, LIVE_REPLICA, constructions
-from pytest_kvaudit.core.model.records import TAIL_CHARS, TAIL_TOKENS, CellRecord, Continuation
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
 
-__all__ = ["REQUESTS", "VllmCellBuilder", "stopped"]
+__all__ = ["REQUESTS", "RequestCellBuilder", "stopped"]
 WARM = hits.WARM
 
 
@@ -65,23 +61,22 @@ class Live:
     done: Any
 
 
-class VllmCellBuilder(CellBuilder):
-    """A cell computed from vLLM requests (:mod:`pytest_kvaudit.core.compute.vllm_cells`)."""
+class RequestCellBuilder(CellBuilder):
+    """A cell computed from an engine's requests (:mod:`pytest_kvaudit.core.requests.cells`): its backend is a
+    :class:`.protocol.RequestBackend`, its record's state reader reads what ``read`` returns."""
 
     def __init__(self, dec: Any, tokenizer: Any, cfg: Any, item_set: Any,
                  transplant: Callable[[Any, Any, Any, str], Any] | None = None,
                  max_positions: int | None = None) -> None:
-        super().__init__(dec, tokenizer, cfg, item_set, transplant or vs.transplant, max_positions)
+        super().__init__(dec, tokenizer, cfg, item_set, transplant, max_positions)
         self.be = dec.backend
         self.block = self.be.block_size
         self.live: Live | None = None
         self.states: dict[str, Any] = {}
-        if vllm_lossy.KIND in cfg.cache_axes:  # a machine that cannot hold it says so before the first cell
-            vllm_lossy.check(cfg)
 
     def stop_rule(self, after: int | None = None, lead: Sequence[int] = (),
                   rule: BoundaryRule | None = None) -> dict[str, Any] | None:
-        """The item set's stop rule for a request (:func:`.vllm_requests.stop_rule`)."""
+        """The item set's stop rule for a request (:func:`.arithmetic.stop_rule`)."""
         return stop_rule(self.item_set.stop_regex, after, lead, rule)
 
     def request(self, rec: CellRecord, name: str, first: Sequence[int], force: Sequence[int], budget: int,
@@ -103,7 +98,8 @@ class VllmCellBuilder(CellBuilder):
         self.cost.forward_tokens += spent
         d = done[0]
         if tuple(d.tokens[: len(force)]) != tuple(force):
-            raise KvauditError(f"vllm: the forced ids of {name} were not taken (the logits processor did not run)")
+            raise KvauditError(f"{self.engine.name}: the forced ids of {name} were not taken (the logits processor did "
+                               "not run)")
         # what the engine computed for it, the batch's others included: the run's price is its records' sum
         was = rec.requests.get(name, {}).get("cost", (0, 0))
         rec.requests[name] = {"prompt": d.prompt_len, "forced": len(force), "num_cached_tokens": d.cached,
@@ -135,7 +131,7 @@ class VllmCellBuilder(CellBuilder):
         state = self.be.read(d.blocks, len(prompt) + b - 1)
         if self.layer_kinds is None:
             self.layer_kinds = ["full"] * len(state.layers)
-        rec.constructions["live"] = self.labelled(rec, gen[b:], vs.fingerprint(state), logits_fp(rows[b:]),
+        rec.constructions["live"] = self.labelled(rec, gen[b:], self.kv.fingerprint(state), logits_fp(rows[b:]),
                                                   margins(rows[b:]), gen[:b])
         self.live = Live(None, b, tuple(prompt) + tuple(gen[:b]), state, d)
         self.states["live"] = state
@@ -151,7 +147,7 @@ class VllmCellBuilder(CellBuilder):
         if d.tokens[:b] == rec.generated[:b] and len(d.tokens) > b:
             state = self.be.read(d.blocks, len(prompt) + b - 1)
             suffix, rows = stopped(self.dec.stop, d.tokens[b:], d.rows[b:])
-            c = self.labelled(rec, suffix, vs.fingerprint(state), logits_fp(rows), (), d.tokens[:b])
+            c = self.labelled(rec, suffix, self.kv.fingerprint(state), logits_fp(rows), (), d.tokens[:b])
         else:  # the replica's generation parted before the boundary: recorded whole, with no logits
             c = Continuation(d.tokens, "", "", None, False)
         rec.constructions[LIVE_REPLICA.name] = c
@@ -170,7 +166,7 @@ class VllmCellBuilder(CellBuilder):
             cont, state = self.forced(rec, step.name, prompt, prefix, budget)
             rec.constructions[step.name] = cont
             if step.bridge:  # the bridge: every layer's K/V as the live request wrote them
-                rec.comparison.bridge_mismatch += _mismatch(state, live_state)
+                rec.comparison.bridge_mismatch += _mismatch(self.kv, state, live_state)
             self.states.setdefault(step.name, state)
         return self.states["prefill"]
 
@@ -178,23 +174,23 @@ class VllmCellBuilder(CellBuilder):
                budget: int) -> tuple[Continuation, Any]:
         """A construction over ``prefix[:-1]`` whose continuation starts with ``prefix[-1]`` as a decode step."""
         if not name.startswith(REQUESTS) and not name.startswith("fixed:"):
-            raise KvauditError(f"--kvaudit-backend=vllm builds {', '.join(REQUESTS)}: {name} is a chunk schedule of "
-                               "forwards, which vLLM cannot run")
+            raise KvauditError(f"--kvaudit-backend={self.engine.name} builds {', '.join(REQUESTS)}: {name} is a chunk "
+                               "schedule of forwards, which it cannot run")
         first, force, chunk, others, cold = request_shape(name, prompt, prefix)
         d = self.request(rec, name, first, force, budget, tokens=chunk, others=others)
         if cold and d.cached:
-            raise KvauditError(f"vllm: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
+            raise KvauditError(f"{self.engine.name}: {name} hit {d.cached} cached tokens after reset_prefix_cache()")
         n = len(force)
         state = self.be.read(d.blocks, len(prefix) - 1)
         tokens, rows = d.tokens[n:], d.rows[n:]
         if self.dec.faults.state is not None:  # a fault on this state: its blocks perturbed, then continued warm
-            before = vs.fingerprint(state)
+            before = self.kv.fingerprint(state)
             self.dec.faults.state(state, name)
-            if vs.fingerprint(state) != before:
+            if self.kv.fingerprint(state) != before:
                 d = vt.continue_warm(self, rec, f"{name}:faulted", state, prefix, budget)
                 tokens, rows = d.tokens, d.rows
         tokens, rows = stopped(self.dec.stop, tokens, rows)
-        cont = self.labelled(rec, tokens, vs.fingerprint(state), logits_fp(rows), margins(rows),
+        cont = self.labelled(rec, tokens, self.kv.fingerprint(state), logits_fp(rows), margins(rows),
                              list(prefix[len(prompt):]))
         return cont, state
 
@@ -207,7 +203,7 @@ class VllmCellBuilder(CellBuilder):
             rec.fixed = {s.name.split(":")[1]: self.forced(rec, s.name, prompt, fixed, budget)[0] for s in FIXED}
 
     def anatomy(self, rec: CellRecord, live_state: Any, prefill_state: Any) -> None:
-        vt.anatomy(rec, self.states, self.decode)
+        vt.anatomy(rec, self.states, self.decode, self.kv)
 
     def transplants(self, rec: CellRecord, live_state: Any, prefill_state: Any, last: int, budget: int,
                     sweep: bool) -> None:
@@ -215,6 +211,6 @@ class VllmCellBuilder(CellBuilder):
         vt.transplants(self, rec, live_state, prefill_state, self.live.prefix, budget, self.cfg.computes("controls"))
 
 
-def _mismatch(a: Any, b: Any) -> list[str]:
-    return [f"{c.layer}:{part}" for c in vs.compare(a, b) for part, same in (("k", c.keys_equal), ("v", c.values_equal))
+def _mismatch(kv: Any, a: Any, b: Any) -> list[str]:
+    return [f"{c.layer}:{part}" for c in kv.compare(a, b) for part, same in (("k", c.keys_equal), ("v", c.values_equal))
             if not same]

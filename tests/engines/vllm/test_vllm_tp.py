@@ -22,7 +22,7 @@ pytest.importorskip("vllm",
 import torch  # noqa: E402
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR  # noqa: E402
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
+from pytest_kvaudit.core.requests import state as vs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TP2 = {"tensor_parallel_size": "2", "distributed_executor_backend": "mp"}  # as --kvaudit-engine-arg gives them
@@ -31,14 +31,14 @@ IDS = [3 + i % 10 for i in range(70)]  # 69 positions: two whole blocks and a pa
 
 @pytest.fixture(scope="module")
 def two() -> Any:
-    from pytest_kvaudit.core.runtime.backends.vllm import open_backend
+    from pytest_kvaudit.engines.vllm.backend import open_backend
 
     return open_backend(str(EMBEDDED_DIR), "bf16", engine_args=TP2)
 
 
 @pytest.fixture(scope="module")
 def engines(two: Any) -> tuple[Any, Any]:
-    from pytest_kvaudit.core.runtime.backends.vllm import open_backend
+    from pytest_kvaudit.engines.vllm.backend import open_backend
 
     return open_backend(str(EMBEDDED_DIR), "bf16"), two
 
@@ -49,7 +49,7 @@ def _served(be: Any) -> tuple[Any, Any]:
 
 
 def test_tp2_serves_tp1s_tokens_and_its_state_is_tp1s_heads(engines: tuple[Any, Any]) -> None:
-    from pytest_kvaudit.core.runtime.backends.vllm_ranks import read_rank
+    from pytest_kvaudit.engines.vllm.ranks import read_rank
 
     one, two = engines
     assert (one.ranks.tp, two.ranks.tp, two.ranks.layout.kv_heads, one.ranks.layout.kv_heads) == (1, 2, 1, 2)
@@ -67,7 +67,7 @@ def test_tp2_serves_tp1s_tokens_and_its_state_is_tp1s_heads(engines: tuple[Any, 
 def test_a_write_reaches_every_rank(engines: tuple[Any, Any]) -> None:
     one, two = engines
     (_, s1), (d2, s2) = _served(one), _served(two)
-    moved = vs.VllmState([t.clone() for t in s1.layers], s1.positions, s1.block_size, tensor_parallel=2)
+    moved = vs.PagedState([t.clone() for t in s1.layers], s1.positions, s1.block_size, tensor_parallel=2)
     two.write(d2.blocks, moved)
     back = two.read(d2.blocks, len(IDS) - 1)
     assert vs.fingerprint(back) == vs.fingerprint(moved) and back.tensor_parallel == 2
@@ -80,7 +80,6 @@ def test_a_cell_at_tp2_proves_its_hit_and_bridge_on_both_ranks(two: Any) -> None
     """A cell at TP=2: every hit shape proven by the engine's cached tokens, the whole-block hit and the bridge
     bit for bit over both ranks' heads; one value perturbed in rank 1's head of a cached block fails the
     whole-block shape, at that layer, and nothing else moves it."""
-    from pytest_kvaudit.core.compute.store import cell_builder
     from pytest_kvaudit.core.model.config import AuditConfig
     from pytest_kvaudit.core.runtime.decoder import Decoder, Faults
     from pytest_kvaudit.core.runtime.itemcheck import resolve
@@ -88,7 +87,7 @@ def test_a_cell_at_tp2_proves_its_hit_and_bridge_on_both_ranks(two: Any) -> None
     assert two.environment["vllm_tensor_parallel_size"] == 2 and "tensor_parallel_size=2" in two.attn_implementation
     assert two.environment["vllm_kv_heads_per_rank"] == 1 and two.shape()["kv_heads"] == 2
     cfg, items = resolve(AuditConfig(backend="vllm", n=1, boundary="tokens:30"))
-    b = cell_builder("vllm")(Decoder(two), two.tokenizer, cfg, items, None, two.max_positions)
+    b = cfg.engine.cell_builder(Decoder(two), two.tokenizer, cfg, items, None, two.max_positions)
     rec, prefix = b.compute(items.items[0], "bf16", None, lambda: (False, False))
     assert rec.eligible and prefix is not None
     assert rec.constructions["warm"].reused == rec.requests["warm"]["num_cached_tokens"] > 0

@@ -24,8 +24,8 @@ pytest.importorskip("vllm",
 import torch  # noqa: E402
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError  # noqa: E402
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs  # noqa: E402
-from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout, layout_of  # noqa: E402
+from pytest_kvaudit.core.requests import state as vs  # noqa: E402
+from pytest_kvaudit.engines.vllm.layout import KvLayout, layout_of  # noqa: E402
 
 BACKENDS = {"CPU_ATTN": ("cpu_attn", "CPUAttentionBackend"), "FLASH_ATTN": ("flash_attn", "FlashAttentionBackend"),
             "TRITON_ATTN": ("triton_attn", "TritonAttentionBackend"),
@@ -142,12 +142,12 @@ def test_cpu_attn_reads_and_writes_what_its_kernel_writes(isa: str, dtype: Any,
     lay.write(by_us, [0, 5, 2], kv)
     assert torch.equal(by_us.view(torch.uint8), by_kernel.view(torch.uint8))  # every byte, bit for bit
     # a transplant: layer 1 of one request's blocks into another's, read back bit for bit, the rest its own
-    a = vs.VllmState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
-    b = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    a = vs.PagedState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
+    b = vs.PagedState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
     moved = vs.transplant(b, a, [1])
     for v, layer in zip(views, moved.layers):
         lay.write(v, [0, 5, 2], layer)
-    back = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    back = vs.PagedState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
     assert vs.fingerprint(back) == vs.fingerprint(moved) != vs.fingerprint(b)
     # the row-major reading the forward's view suggests is not the kernel's: it reads other values
     rows = KvLayout(**(lay.as_dict() | {"packing": "content"}))
@@ -182,12 +182,12 @@ def test_reads_writes_and_transplants_round_trip_through_each_declared_layout(
     views[1].copy_(before[1])  # put back: the rest was never touched
     assert all(torch.equal(a, b) for a, b in zip(views, before))
     # a transplant: layer 1 of one request's blocks into another's, read back bit for bit, the rest its own
-    a = vs.VllmState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
-    b = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    a = vs.PagedState([lay.read(v, blocks, positions) for v in views], positions, BLOCK)
+    b = vs.PagedState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
     moved = vs.transplant(b, a, [1])
     for v, layer in zip(views, moved.layers):
         lay.write(v, [0, 5, 2], layer)
-    back = vs.VllmState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
+    back = vs.PagedState([lay.read(v, [0, 5, 2], positions) for v in views], positions, BLOCK)
     assert vs.fingerprint(back) == vs.fingerprint(moved) != vs.fingerprint(b)
     assert [c.layer for c in vs.compare(back, b) if not c.keys_equal] == [1]
 

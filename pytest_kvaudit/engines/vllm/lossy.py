@@ -1,17 +1,18 @@
 """vLLM's fp8 KV cache (``--kvaudit-cache=quantized:fp8`` under ``--kvaudit-backend=vllm``), judged by
-``lossy_cache_budget`` as transformers' quantized caches are (:func:`.probes.lossy_axis`).
+``lossy_cache_budget`` as transformers' quantized caches are (:func:`pytest_kvaudit.core.compute.probes.lossy_axis`).
 
-An fp8 cache is vLLM's ``kv_cache_dtype=fp8``: a setting of the engine, not of a request, so the probe opens a
-second engine on the same checkpoint, precision and ``--kvaudit-engine-arg`` settings with that one argument
-added (once per worker, when the first precision's probes run; kept while the precision is the same). For
-each eligible unit it serves the request the exact engine's ``prefill`` construction served
-(:func:`.vllm_requests.request_shape`: ``prefix[:-1]`` at once on an empty prefix cache, ``prefix[-1]`` forced
-as a decode step, the suffix budget, the item set's stop rule), so the cache's dtype is the only difference,
-and records the outcome in ``rec.probes.cache["quantized:fp8"]`` in the form every lossy probe records
-(:func:`.probes.lossy_outcome`). The lossy engine's settings go to the run's environment (``vllm_lossy_*``).
+An fp8 cache is vLLM's ``kv_cache_dtype=fp8``: a setting of the engine, not of a request, so the probe opens a second
+engine on the same checkpoint, precision and ``--kvaudit-engine-arg`` settings with that one argument added (once per
+worker, when the first precision's probes run; kept while the precision is the same). For each eligible unit it serves
+the request the exact engine's ``prefill`` construction served
+(:func:`pytest_kvaudit.core.requests.arithmetic.request_shape`: ``prefix[:-1]`` at once on an empty prefix cache,
+``prefix[-1]`` forced as a decode step, the suffix budget, the item set's stop rule), so the cache's dtype is the only
+difference, and records the outcome in ``rec.probes.cache["quantized:fp8"]`` in the form every lossy probe records
+(:func:`pytest_kvaudit.core.compute.probes.lossy_outcome`). The lossy engine's settings go to the run's environment
+(``vllm_lossy_*``).
 
-vLLM's CPU attention holds an fp8 cache only on x86 with AVX-512 or AMX (``cpu_attn.py``): elsewhere the run
-stops before its first cell with one line naming the CPU (:func:`check`)."""
+vLLM's CPU attention holds an fp8 cache only on x86 with AVX-512 or AMX (``cpu_attn.py``): elsewhere the run stops
+before its first cell with one line naming the CPU (:func:`check`)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.compute.probes import ProbeStore, audited, lossy_outcome
-from pytest_kvaudit.core.compute.vllm_requests import margins, request_shape, stopped
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.items import stopper, token_text
+from pytest_kvaudit.core.requests.arithmetic import margins, request_shape, stopped
 
 __all__ = ["ARGS", "KIND", "SAID", "cache_probe", "check", "close", "lossy_engine"]
 
@@ -67,7 +68,7 @@ def check(cfg: AuditConfig) -> None:
 
 def lossy_engine(cfg: AuditConfig, dtype: str) -> Any:
     """The fp8-cache engine for ``dtype``: opened the first time, kept while the precision is the same."""
-    from pytest_kvaudit.core.runtime.backends.vllm import open_backend
+    from pytest_kvaudit.engines.vllm.backend import open_backend
 
     args = dict(cfg.engine_args) | ARGS
     key = (cfg.model, dtype, tuple(sorted(args.items())))

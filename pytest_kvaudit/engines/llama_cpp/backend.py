@@ -31,16 +31,16 @@ from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
 from pytest_kvaudit.core.model.engine_constructions import RESTORE, WARM
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.model.items import token_text
-from pytest_kvaudit.core.model.precisions import PRECISIONS
-from pytest_kvaudit.core.runtime.backends.llamacpp_tokens import LlamaCppTokenizer
 from pytest_kvaudit.core.runtime.gguf import _causal_lm_class, gguf_file
 from pytest_kvaudit.core.runtime.loading import file_digest
 from pytest_kvaudit.core.runtime.state.whole import NOT_AVAILABLE, WholeState
+from pytest_kvaudit.engines.llama_cpp.tokens import LlamaCppTokenizer
 
 NAME = "llama.cpp"
 INSTALL = "pip install 'pytest-kvaudit[llamacpp]'"
-#: --kvaudit-dtypes value -> (ggml type id of the K/V cache, its name), from the one precision table
-KV_TYPES = {p.name: p.ggml for p in PRECISIONS if p.ggml is not None}
+#: --kvaudit-dtypes value (a name of the one precision table) -> (ggml type id of the K/V cache, its name): the
+#: precisions this engine runs (llama-cpp-python's ``llama.py`` exports no BF16 id: 30 is ggml's)
+KV_TYPES = {"bf16": (30, "bf16"), "fp16": (1, "f16"), "fp32": (0, "f32"), "q8_0": (8, "q8_0")}
 #: a quantized V cache is only implemented inside flash attention in llama.cpp: it is switched on for it
 NEEDS_FLASH_ATTN = frozenset({"q8_0"})
 N_CTX = int(os.environ.get("KVAUDIT_LLAMACPP_N_CTX", "1024"))
@@ -286,7 +286,7 @@ def _identity(spec: str, file: Path, llm: Any, lc: Any) -> dict[str, Any]:
 
 
 def open_spec(spec: OpenSpec) -> LlamaCppBackend:
-    """The llama.cpp engine's opener (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.opener`)."""
+    """The llama.cpp engine's opener (:attr:`pytest_kvaudit.core.engine.record.EngineSpec.opener`)."""
     _llama_cpp()  # the engine missing is the first thing to say
     if spec.device not in ("auto", "cpu"):
         raise KvauditError(f"--kvaudit-device={spec.device}: the {NAME} backend runs on the CPU here (one thread)")

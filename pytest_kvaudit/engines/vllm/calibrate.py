@@ -13,9 +13,9 @@ from pytest_kvaudit.core.model.items import find_boundary
 
 def calibrate(be: Any, items: Sequence[Any], prompts: Sequence[Sequence[int]], item_set: Any,
               cost: Any) -> dict[str, Any]:
-    """The plan's calibration in requests (:mod:`..calibrate`): per item a prompt-only request and the live
-    one, timed (per call = a decode step, per token = what a longer prompt adds), and a cold prefill of its
-    prefix (at the item's own boundary) to see whether it diverges."""
+    """The plan's calibration in requests (:mod:`pytest_kvaudit.core.planning.calibrate`): per item a prompt-only
+    request and the live one, timed (per call = a decode step, per token = what a longer prompt adds), and a cold
+    prefill of its prefix (at the item's own boundary) to see whether it diverges."""
     rows: list[dict[str, Any]] = []
     t_prompt = t_decode = 0.0
     n_prompt = n_decode = 0

@@ -1,8 +1,9 @@
-"""A request's K/V as vLLM keeps it, copied out of its blocks on every rank into one layout-free form.
+"""A request's K/V as a paged engine keeps it (vLLM, transformers' continuous batching), copied out of its blocks
+on every rank into one layout-free form.
 
-Each attention backend keeps K and V in its own layout inside the blocks
-(:mod:`pytest_kvaudit.core.runtime.backends.vllm_layout` reads and writes through it), and under tensor
-parallelism each rank holds some of the KV heads. :class:`VllmState` keeps, per layer, the request's K and V
+Each attention backend keeps K and V in its own layout inside the blocks (the engine's backend reads and writes
+through it: vLLM's :mod:`pytest_kvaudit.engines.vllm.layout`), and under tensor parallelism each rank holds some of
+the KV heads. :class:`PagedState` keeps, per layer, the request's K and V
 over its positions with every rank's heads in order, ``[2, kv_heads, positions, head_dim]``: the same tensor
 whatever the backend, the layout or the TP degree, so a state from TP=2 equals TP=1's head for head. The
 fingerprint is the digest of K and V per layer; the comparison names, per layer, the first position where K or
@@ -25,7 +26,7 @@ from pytest_kvaudit.core.runtime.state.tensors import fingerprint_tensors, first
 
 
 @dataclass
-class VllmState:
+class PagedState:
     """The K/V over ``positions`` positions: per layer, ``[2, kv_heads, positions, head_dim]`` (K, then V), every
     rank's heads in order; ``block_size`` is the engine's block (the report names a position's block)."""
 
@@ -39,12 +40,13 @@ class VllmState:
         t = self.layers[layer]
         return t[0], t[1]
 
-    def clone(self) -> VllmState:
-        return VllmState([t.clone() for t in self.layers], self.positions, self.block_size, self.tensor_parallel)
+    def clone(self) -> PagedState:
+        return PagedState([t.clone() for t in self.layers], self.positions, self.block_size, self.tensor_parallel)
 
 
-def fingerprint(state: VllmState) -> str:
+def fingerprint(state: PagedState) -> str:
     """Digest of every layer's K and V over the state's positions (equal digest <=> bit-identical)."""
+    # the tag is its first engine's, kept: the ledgers' fingerprints hold it
     return fingerprint_tensors((x for i in range(len(state.layers)) for x in state.kv(i)), tag=b"vllm-kv")
 
 
@@ -59,13 +61,13 @@ def _part(side: str, a: Any, b: Any) -> PartDiff:
                     first_position(a, b, True), None if u is None else int(u.max()))
 
 
-def compare(a: VllmState, b: VllmState) -> list[LayerComparison]:
+def compare(a: PagedState, b: PagedState) -> list[LayerComparison]:
     """Per layer: K and V bit-identical or not, the first differing position and the largest ULP distance."""
     return [LayerComparison(i, "full", tuple(_part(s, x, y) for s, x, y in zip("kv", a.kv(i), b.kv(i))))
             for i in range(len(a.layers))]
 
 
-def first_difference(a: VllmState, b: VllmState) -> dict[str, Any] | None:
+def first_difference(a: PagedState, b: PagedState) -> dict[str, Any] | None:
     """Where two states first part: the first layer whose K or V differ, the first position there, and the
     ULP distance at that position (largest over its heads and dims) and over the whole layer."""
     for i in range(len(a.layers)):
@@ -80,8 +82,8 @@ def first_difference(a: VllmState, b: VllmState) -> dict[str, Any] | None:
     return None
 
 
-def transplant(receiver: VllmState, donor: VllmState, layers: Sequence[int] | None = None,
-               parts: str = "kv") -> VllmState:
+def transplant(receiver: PagedState, donor: PagedState, layers: Sequence[int] | None = None,
+               parts: str = "kv") -> PagedState:
     """A new state: ``receiver`` with ``donor``'s K and/or V (``parts``: ``kv``, ``k`` or ``v``) in ``layers``
     (all by default). The write puts each back in its own cells of the blocks, whatever the backend's layout."""
     if parts not in ("kv", "k", "v"):

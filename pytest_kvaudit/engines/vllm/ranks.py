@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_kvaudit.core.errors import UnsupportedCacheError
-from pytest_kvaudit.core.runtime.backends.vllm_engine import NAME, attention_backend, attention_isa
-from pytest_kvaudit.core.runtime.backends.vllm_layout import KvLayout, layout_of
+from pytest_kvaudit.engines.vllm.engine import NAME, attention_backend, attention_isa
+from pytest_kvaudit.engines.vllm.layout import KvLayout, layout_of
 
 
 def _runner_layout(worker: Any) -> tuple[Any, KvLayout]:

@@ -1,8 +1,8 @@
-"""The anatomy and the transplants of a divergent vLLM cell (:mod:`.vllm_cells`).
+"""The anatomy and the transplants of a divergent request-level cell (:mod:`.cells`).
 
 A transplant is one request over ``prefix[:-1]`` with ``prefix[-1]`` forced: its prefill runs, then the composed
 state is written over every position of its blocks before the first decode step reads them
-(:func:`continue_warm`; vLLM's prefix cache keeps whole blocks only, so a hit could not carry the tail of a
+(:func:`continue_warm`; a paged prefix cache keeps whole blocks only, so a hit could not carry the tail of a
 boundary that is not on a block edge). ``requests[path]["covered"]`` says how many positions moved.
 """
 
@@ -12,16 +12,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kvaudit.core.compute.vllm_requests import margins, stopped
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.records import DONOR, IDENTICAL, SHAM, CellRecord, Transplant
-from pytest_kvaudit.core.runtime.backends import vllm_state as vs
+from pytest_kvaudit.core.requests.arithmetic import margins, stopped
 
 
-def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[int]], str]) -> None:
+def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[int]], str], kv: Any) -> None:
     """The cell's divergence anatomy: per-layer drift of live vs cold, and where the warm, cross and live
-    states first differ from cold (layer, position, ULPs)."""
-    layers = vs.compare(states["live"], states["prefill"])
+    states first differ from cold (layer, position, ULPs), read through ``kv`` (the engine's state reader)."""
+    layers = kv.compare(states["live"], states["prefill"])
     c = rec.comparison
     c.drift = [[x.layer, x.keys_max_abs, x.values_max_abs, x.keys_rel, x.values_rel] for x in layers]
     c.differing_layers = [x.layer for x in layers if not x.equal]
@@ -29,7 +28,7 @@ def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[
     # warm's whole blocks are the live request's, written by decode; cold's (prefill's) by one prefill
     for name in ("warm", "cross", "live"):
         if states.get(name) is not None:
-            c.first_difference[f"{name}_vs_cold"] = vs.first_difference(states[name], states["prefill"])
+            c.first_difference[f"{name}_vs_cold"] = kv.first_difference(states[name], states["prefill"])
     live, pre = rec.constructions["live"].suffix, rec.constructions["prefill"].suffix
     j = next((i for i, (x, y) in enumerate(zip(live, pre)) if x != y), None)
     if j is not None:
@@ -38,7 +37,7 @@ def anatomy(rec: CellRecord, states: dict[str, Any], decode: Callable[[Sequence[
 
 def transplant_plan(identical_layers: Sequence[int],
                     controls: bool = True) -> list[tuple[str, str, str, tuple[int, ...] | None, str]]:
-    """``(kind, donor, receiver, layers, path)`` of each transplant a divergent vLLM cell runs: both donors,
+    """``(kind, donor, receiver, layers, path)`` of each transplant a divergent request-level cell runs: both donors,
     and (``controls``) both shams and the identical layers alone where some are."""
     plan: list[tuple[str, str, str, tuple[int, ...] | None]] = [(DONOR, d, r, None)
                                                                 for d, r in (("live", "prefill"), ("prefill", "live"))]
@@ -58,7 +57,8 @@ def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequen
     h = len(prefix) - 1
     n = -(-h // b.block)
     if state.positions != h:
-        raise KvauditError(f"vllm: {path} writes a state of {state.positions} positions over prefix[:-1]'s {h}")
+        raise KvauditError(f"{b.cfg.engine.name}: {path} writes a state of {state.positions} positions over "
+                           f"prefix[:-1]'s {h}")
     b.be.hooks.between = lambda blocks: b.be.write(blocks[:n], state)  # exactly prefix[:-1]'s positions
     try:
         d = b.request(rec, path, prefix[:-1], prefix[-1:], budget)
@@ -66,12 +66,13 @@ def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequen
     finally:
         b.be.hooks.between = None
     if d.cached or len(d.steps) < 2 or d.steps[0][0] != h:
-        raise KvauditError(f"vllm: {path} did not prefill prefix[:-1] in one step before decoding "
+        raise KvauditError(f"{b.cfg.engine.name}: {path} did not prefill prefix[:-1] in one step before decoding "
                            f"(cached {d.cached}, steps {[s for s, _ in d.steps[:3]]})")
     # the proof: once the request is done, its blocks hold exactly what was written over prefix[:-1]
-    if not fired or vs.fingerprint(b.be.read(d.blocks, h)) != vs.fingerprint(state):
-        raise KvauditError(f"vllm: {path}: the written K/V did not hold in the request's blocks (the write ran "
-                           f"{'too early' if fired else 'never'}); its continuation would not be the transplant's")
+    if not fired or b.kv.fingerprint(b.be.read(d.blocks, h)) != b.kv.fingerprint(state):
+        raise KvauditError(f"{b.cfg.engine.name}: {path}: the written K/V did not hold in the request's blocks (the "
+                           f"write ran {'too early' if fired else 'never'}); its continuation would not be the "
+                           "transplant's")
     rec.requests[path]["covered"] = h
     return replace(d, tokens=d.tokens[1:], rows=d.rows[1:])
 

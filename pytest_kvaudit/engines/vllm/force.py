@@ -3,44 +3,15 @@ name into worker processes (``distributed_executor_backend="mp"``); importing th
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from vllm.v1.sample.logits_processor import LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from pytest_kvaudit.core.model.config import BoundaryRule
-from pytest_kvaudit.core.model.items import find_boundary, token_text
-from pytest_kvaudit.core.runtime.backends.vllm_engine import FORCE, STOP
-
-
-class _Row:
-    """One request's forced ids and stop rule (:data:`.vllm_engine.STOP`), with its output ids (vLLM's list)."""
-
-    def __init__(self, force: Sequence[int], stop: dict[str, Any] | None, out: list[int]) -> None:
-        self.force, self.out, self.stop = list(force), out, stop
-        self.start: int | None = None  # where the suffix starts in ``out`` (found once for a boundary rule)
-        if stop is not None and stop.get("after") is not None:
-            self.start = int(stop["after"])
-        self.rule = (BoundaryRule(marker=stop.get("marker"), tokens=stop.get("tokens"))
-                     if stop is not None and self.start is None else None)
-
-    def stops(self, decode: Any) -> bool:
-        """Whether the suffix so far (``lead`` then ``out`` past its start) matches the stop regex: the item
-        set's stop rule (:func:`pytest_kvaudit.core.model.items.stopper`), checked before each step."""
-        assert self.stop is not None
-        if self.start is None:
-            if self.rule is None:
-                return False
-            b = find_boundary(self.out, self.rule, decode)
-            if b is None:
-                return False
-            self.start = b
-        lead = self.stop.get("lead") or []
-        if len(self.out) < self.start or not (lead or len(self.out) > self.start):
-            return False
-        return re.search(self.stop["regex"], decode([*lead, *self.out[self.start:]])) is not None
+from pytest_kvaudit.core.model.items import token_text
+from pytest_kvaudit.core.requests.stop import StopRow
+from pytest_kvaudit.engines.vllm.engine import FORCE, STOP
 
 
 class ForceTokens(LogitsProcessor):  # type: ignore[misc]
@@ -49,11 +20,11 @@ class ForceTokens(LogitsProcessor):  # type: ignore[misc]
     carrying ``extra_args[STOP]`` is ended the way the item set's stop rule ends a transformers suffix: once the
     suffix's text matches, the next token is forced to EOS (a stop token), so vLLM stops decoding there
     instead of at the budget, and the tokens up to the match are the ones a stopped decoder writes (the forced
-    EOS is cut by :func:`pytest_kvaudit.core.compute.vllm_requests.stopped`). The raw logits the audit reads are
+    EOS is cut by :func:`pytest_kvaudit.core.requests.arithmetic.stopped`). The raw logits the audit reads are
     taken before any processor runs."""
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
-        self.rows: dict[int, _Row] = {}
+        self.rows: dict[int, StopRow] = {}
         self.model = vllm_config.model_config
         self._tokenizer: Any = None
 
@@ -72,7 +43,7 @@ class ForceTokens(LogitsProcessor):  # type: ignore[misc]
         def new(params: Any, prompt: Any, out: list[int]) -> Any:
             extra = params.extra_args or {}
             force, stop = extra.get(FORCE), extra.get(STOP)
-            return _Row(force or [], stop, out) if force or stop else None
+            return StopRow(force or [], stop, out) if force or stop else None
 
         process_dict_updates(self.rows, batch_update, new)
 
