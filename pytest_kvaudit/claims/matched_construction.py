@@ -99,7 +99,10 @@ class MatchedConstruction(Claim):
 
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"eligible_items_per_precision": int(thresholds["min_units"]),
-                "label_rate": float(thresholds["min_label_rate"])}
+                "label_rate": float(thresholds["min_label_rate"]),
+                # labels that can move (min_each): a model right on every item is never judged, at any n
+                "right_items_per_side": int(thresholds["min_each"]),
+                "wrong_items_per_side": int(thresholds["min_each"])}
 
     def verdict_chance(self, n: int, discordance: float, thresholds: Mapping[str, float]) -> float | None:
         """P(pass) + P(fail) on ``n`` pairs of one precision at a label ``discordance``, accuracy unmoved."""

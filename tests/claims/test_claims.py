@@ -24,7 +24,8 @@ def test_every_claim_says_what_it_needs() -> None:
     assert "layer_sweep" not in needs  # an analysis now, not a claim
     assert needs["fixed_prefix_2x2"] == {"units_per_high_precision": 183, "divergent_units_per_low_precision": 10}
     assert least_units("fixed_prefix_2x2", {"max_rate": 0.5})["units_per_high_precision"] == 6
-    assert needs["matched_construction"] == {"eligible_items_per_precision": 20, "label_rate": 0.8}
+    assert needs["matched_construction"] == {"eligible_items_per_precision": 20, "label_rate": 0.8,
+                                             "right_items_per_side": 10, "wrong_items_per_side": 10}
     assert needs["replica_exactness"] == {"replica_pairs": 12}
     assert needs["donor_following"] == {"divergent_units_per_direction": 10}
     assert needs["bridge_bitexact"] == {"items_x_precisions": 12}

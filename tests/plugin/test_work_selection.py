@@ -185,12 +185,21 @@ def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: 
     assert claims["test_plain"]["decides"] == "not declared" and plan["work"] is None
     fixed = claims["fixed_prefix_2x2"]["strict"]
     assert fixed["by"]["units_per_high_precision"] >= least_units_below(0.02)  # over the eligibility rate
-    res.stdout.fnmatch_lines(["*strict n: * items (eligible_items_per_precision 20 -> 20, accuracy_ci_within_margin -> "
-                              "*) for an 80% chance to pass under --kvaudit-strict; *; WARNING: this run has n=8*",
-                              "*strict n: unknown, at least 183 items (*): the calibration saw nothing to estimate*",
+    # a random model answers nothing right: its labels cannot move, on the calibration's items at least
+    res.stdout.fnmatch_lines(["*strict n: unknown, at least * items (eligible_items_per_precision 20 -> 20, "
+                              "right_items_per_side 10 -> never, wrong_items_per_side 10 -> *, "
+                              "accuracy_ci_within_margin -> *): the calibration's 8 items saw nothing to estimate*",
+                              "*strict n: unknown, at least 183 items (*): the calibration's 8 items saw nothing to "
+                              "estimate*",
                               "*strict n: 6 items (items_x_precisions 12 -> 6) for an 80% chance to pass*",
                               "lossy_cache_budget*decides: not applicable*",
                               "live_prefill_labels*decides:*"])
+    # the strict gate: one n within the 14 items the set holds, and what it leaves out, with why
+    res.stdout.fnmatch_lines(["kvaudit strict gate: --kvaudit-n=6 --kvaudit-claims=*replica_exactness*",
+                              "  left out: matched_construction: labels cannot move: every answer is wrong on the "
+                              "calibration's 8 items*",
+                              "  left out: fixed_prefix_2x2: *the item set holds 14 items*"])
+    assert plan["strict_gate"]["item_set_max"] == 14 and "fixed_prefix_2x2" not in plan["strict_gate"]["claims"]
 
 
 def test_k_deselection_narrows_the_work(pytester: pytest.Pytester, tiny_llama: Path) -> None:

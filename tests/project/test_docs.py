@@ -226,9 +226,9 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_a_page() -> None:
 
 def test_readme_is_a_landing_page() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
-    assert len(lines) <= 180  # a landing page, with a first run and what it prints
+    assert len(lines) <= 190  # a landing page, with a first run and what it prints
     assert "## A first run" in "\n".join(lines[:30])  # the command itself: tests/project/test_doc_commands.py
-    head = "\n".join(lines[:110])
+    head = "\n".join(lines[:130])
     for quickstart in ("**Gate a checkpoint in CI.**", "**Audit vLLM's prefix cache.**",
                        "**Reproduce the paper's table**"):
         assert quickstart in head, quickstart

@@ -53,6 +53,8 @@ class Lengths:
     divergent: bool = False
     generated: int | None = None  # an ineligible trajectory's generation (default boundary + suffix)
     budget: int | None = None  # the suffix's token budget (default the suffix): what a request may decode
+    #: (live right, prefill right) where the labels are known (a calibration or a ledger): whether they can move
+    right: tuple[bool, bool] | None = None
 
     @property
     def gen(self) -> int:

@@ -3,7 +3,7 @@ it a run reproduces every trajectory bit for bit, so the plan can state the forw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,31 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     exact = (not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
              and cfg.engine.request_price is None)
     return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
+                  "rows": recorded_rows(doc, order, prompts, cfg.dtypes),
                   "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
                   "why": None if not missing
                   else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
+
+
+def recorded_rows(doc: Mapping[str, Any], order: Sequence[str], prompts: Mapping[str, int | None],
+                  dtypes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per precision, the ledger's units of the run's items as the calibration's rows (lengths, eligibility,
+    divergence and both labels): every item of the run where the calibration sees its first few, so the rates a
+    strict gate is planned on (and whether labels can move at all) come from the whole set."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in dtypes:
+        rows = []
+        for item in order:
+            u = doc.get("units", {}).get(f"{item}@{d}")
+            if u is None:
+                continue
+            cs = u.get("constructions") or {}
+            live, pre = cs.get("live") or {}, cs.get("prefill") or {}
+            ok = u.get("reason") is None and bool(live) and bool(pre)
+            gen = len(str(u.get("generated") or "").split())
+            rows.append({"prompt": int(prompts[item] or 0), "boundary": int(u.get("boundary") or 0), "generated": gen,
+                         "eligible": ok, "divergent": ok and live.get("suffix") != pre.get("suffix"),
+                         "suffix": len(str(live.get("suffix") or "").split()) if ok else 0,
+                         "right": [bool(live.get("label")), bool(pre.get("label"))] if ok else None})
+        out[d] = rows
+    return out
