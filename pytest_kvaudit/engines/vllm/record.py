@@ -9,8 +9,8 @@ from typing import Any
 from pytest_kvaudit.core.engine.record import EngineSpec
 from pytest_kvaudit.core.model.engine_constructions import BATCHED, WARM
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
-from pytest_kvaudit.core.requests import arithmetic, state
-from pytest_kvaudit.engines.vllm import backend, calibrate, lossy, settings
+from pytest_kvaudit.core.requests import arithmetic, calibrate, state
+from pytest_kvaudit.engines.vllm import backend, lossy, settings
 from pytest_kvaudit.engines.vllm.cells import VllmCellBuilder
 from pytest_kvaudit.engines.vllm.engine import DEFAULT_ENGINE_ARGS
 

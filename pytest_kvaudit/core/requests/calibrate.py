@@ -1,5 +1,6 @@
-"""The plan's calibration on vLLM (:mod:`pytest_kvaudit.core.planning.calibrate`), in requests: vLLM runs no forward
-on a caller's cache, so the per-call and per-token costs are timed from whole requests."""
+"""The plan's calibration on a request-level engine (:mod:`pytest_kvaudit.core.planning.calibrate`), in requests:
+such an engine (vLLM, transformers' continuous batching) runs no forward on a caller's cache, so the per-call and
+per-token costs are timed from whole requests served by its :class:`.protocol.RequestBackend`."""
 
 from __future__ import annotations
 
