@@ -38,8 +38,9 @@ def run_trajectory(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int
     """kvaudit's live path with a ``tokens:1`` boundary and no EOS: T generated tokens."""
     from pytest_kvaudit.core.model.config import BoundaryRule
     from pytest_kvaudit.core.runtime.decoder import Decoder, trajectory
+    from pytest_kvaudit.engines.transformers.backend import TransformersBackend
 
-    dec = Decoder(model, frozenset())
+    dec = Decoder(TransformersBackend.of_model(model), frozenset())
     tr = trajectory(dec, list(prompt), T, BoundaryRule(tokens=1), lambda ids: "")
     return tuple(tr.generated), dec.cost.forward_calls
 
@@ -47,8 +48,9 @@ def run_trajectory(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int
 def run_continue(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int, ...], int]:
     """A fresh cache over ``prompt[:-1]`` in one forward, then ``continue_greedy`` for T tokens."""
     from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy
+    from pytest_kvaudit.engines.transformers.backend import TransformersBackend
 
-    dec = Decoder(model, frozenset())
+    dec = Decoder(TransformersBackend.of_model(model), frozenset())
     state = dec.build_state(list(prompt[:-1]), [len(prompt) - 1])
     suffix, _ = continue_greedy(dec, state, int(prompt[-1]), T)
     return tuple(suffix), dec.cost.forward_calls
@@ -58,8 +60,9 @@ def run_step_loop(model: Any, prompt: Sequence[int], T: int) -> tuple[tuple[int,
     """The bare loop on kvaudit's ``Decoder.step``: prompt prefill, then argmax and one-token steps, no
     boundary snapshot, digests or margins (what ``trajectory``'s bookkeeping costs on top of the loop)."""
     from pytest_kvaudit.core.runtime.decoder import Decoder
+    from pytest_kvaudit.engines.transformers.backend import TransformersBackend
 
-    dec = Decoder(model, frozenset())
+    dec = Decoder(TransformersBackend.of_model(model), frozenset())
     cache = dec.fresh()
     logits = dec.step(list(prompt), cache)
     out: list[int] = []

@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytest_kvaudit.core.model.config import EMBEDDED_DIR, parse_dtypes
     from pytest_kvaudit.core.model.items import load_item_set
-    from pytest_kvaudit.core.runtime.backends.transformers import open_backend
     from pytest_kvaudit.core.runtime.chat import chat_prompt_ids
+    from pytest_kvaudit.engines.transformers.backend import open_backend
 
     if a.model is None:
         from pytest_kvaudit.testing import smollm2

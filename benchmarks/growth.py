@@ -56,8 +56,9 @@ def warm_up(h: Any) -> None:
     """A few forwards outside the store (own cache, own cost): one-time kernel set-up is not charged to
     the first point's seconds per token."""
     from pytest_kvaudit.core.runtime.decoder import Decoder
+    from pytest_kvaudit.engines.transformers.backend import TransformersBackend
 
-    dec = Decoder(h.model, h.eos_ids)
+    dec = Decoder(TransformersBackend.of_model(h.model, h.eos_ids), h.eos_ids)
     c = dec.fresh()
     dec.step([0] * 8, c)
     for _ in range(8):

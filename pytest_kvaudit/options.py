@@ -50,10 +50,11 @@ BACKEND = "--kvaudit-backend"
 THRESHOLDS_INI = "kvaudit_thresholds"
 ENGINE_ARG = "--kvaudit-engine-arg"
 ENGINE_ARGS_INI = "kvaudit_engine_arg"
-ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine (vLLM: any vllm.LLM / EngineArgs argument such as block_size=16, "
-                   "max_num_batched_tokens=256, enable_chunked_prefill=true, kv_cache_dtype=fp8, "
-                   "tensor_parallel_size=2, enforce_eager=false; batch_invariant=true sets VLLM_BATCH_INVARIANT=1, GPU "
-                   "only); repeatable; recorded in the ledger's environment and compared by the gate")
+ENGINE_ARG_HELP = ("KEY=VALUE passed to the engine, which says which keys it takes (vLLM: any vllm.LLM / EngineArgs "
+                   "argument such as block_size=16, max_num_batched_tokens=256, enable_chunked_prefill=true, "
+                   "kv_cache_dtype=fp8, tensor_parallel_size=2, enforce_eager=false; batch_invariant=true sets "
+                   "VLLM_BATCH_INVARIANT=1, GPU only); repeatable; recorded in the ledger's environment and compared "
+                   "by the gate")
 
 #: flag -> help; every flag has an ini twin named like its dest (kvaudit_model, ...)
 VALUE_OPTIONS: dict[str, str] = {

@@ -11,12 +11,14 @@ A page marks a command with a shell comment that a reader sees too, trailing the
 - ``# CI skips: WHY`` -- CI lists it as skipped, with WHY as the reason (a GPU, a checkpoint of yours, a server,
   CI's own command).
 
-Anything else runs as written and must exit 0. A command runs in the venv of the install line above it on its
-page (a line that makes a venv or runs ``pip install``; on a page without one, the install line of
-docs/install.md), from a copy of the checkout; on a page that shows a test file (a ```python block opening with
+Anything else runs as written and must exit 0. A command belongs to the install line above it on its page (a line
+that makes a venv or runs ``pip install``; on a page without one, the install line of docs/install.md): README's
+first run runs in a fresh copy of the checkout with a venv made by its install line as written; every other line
+runs in the venv .ci/run built with the same or more extras, in this checkout, and is held to the extras its
+commands need (``NEEDS``); on a page that shows a test file (a ```python block opening with
 ``# test_NAME.py``), from a folder holding only the files shown above it, as a user's project would. A line that
 only sets a variable (``SMOLLM2_DIR=$(python scripts/smollm2.py)``) runs once and is set again before every later
-command of its page.
+command of its page, up to the next line that makes a venv.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ def page_commands(page: Path, install: str | None = None) -> list[Command]:
             install = (setup if VENV.search(setup) else f"{current} && {setup}") if setup else current
             if kind != SKIP:
                 current = install  # a skipped line's install is its own, not the page's
+                if setup and VENV.search(setup):
+                    prelude.clear()  # a new venv: the variables set before it belong to another job
             if setup and not rest:
                 out.append(Command(rel, line, setup, SKIP if kind == SKIP else SETUP_KIND, reason, install))
                 continue
@@ -165,6 +169,32 @@ def built_by_ci(install: str, venv: str) -> Path | None:
     if pip_steps("\n".join(ln for ln in ci if ln.startswith(own))) != pip_steps(install):
         return None
     return Path(sys.prefix) if venv == ".venv" else REPO / venv
+
+
+EXTRAS = re.compile(r"-e '\.\[([\w,-]+)\]'")
+
+#: what a command needs from an extra, read from its text (the README's extras table says the same)
+NEEDS = {r"scripts/smollm2\.py|benchmarks/items_smollm2\.py|\.gguf\b": "gguf",
+         r"--kvaudit-backend=llama\.cpp": "llamacpp", r"quantized:quanto": "quanto",
+         r"--kvaudit-backend=vllm|benchmarks/results/vllm-": "vllm-cpu", r"(?:^|\s)-n \d": "xdist"}
+
+
+def extras(install: str) -> set[str]:
+    """The extras an install line asks for (``-e '.[a,b]'``)."""
+    return {e for m in EXTRAS.finditer(install) for e in m.group(1).split(",")}
+
+
+def ci_extras(venv: str) -> set[str]:
+    """The extras .ci/run installs into ``venv``."""
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    own = "pip " if venv == ".venv" else f"{venv}/bin/"
+    return extras("\n".join(ln for ln in ci if ln.startswith(own)))
+
+
+def missing_extras(cmd: Command) -> set[str]:
+    """The extras that ``cmd`` (and the variable lines it runs first) needs and its install line lacks."""
+    text = "\n".join((*cmd.prelude, cmd.text))
+    return {extra for pat, extra in NEEDS.items() if re.search(pat, text)} - extras(cmd.install)
 
 
 REDUCE = (re.compile(r"--kvaudit-n=\d+"), re.compile(r"(?<=\s)--n \d+"), re.compile(r"(?<=\s)--n=\d+"))

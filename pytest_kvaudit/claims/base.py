@@ -135,8 +135,8 @@ class Claim:
         """Why this claim has nothing to judge in a run of ``config`` (its test skips, saying so, before any
         verdict: not inconclusive, so ``--kvaudit-strict`` does not fail on it); None when it applies. By
         default: a need the run's backend lacks (the llama.cpp backend has no per-layer K/V to sweep)."""
-        missing = lacked(config.backend, self.needs or ())
-        return f"the {config.backend} backend cannot compute {', '.join(missing)}" if missing else None
+        missing = lacked(config.engine, self.needs or ())
+        return f"the {config.engine.name} backend cannot compute {', '.join(missing)}" if missing else None
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """Items (``--kvaudit-n``) the claim needs to decide beyond its least-evidence counts, at the rates a
@@ -144,6 +144,19 @@ class Claim:
         (:func:`pytest_kvaudit.core.planning.plan.strict_n` turns the counts of :meth:`least_evidence` into items
         itself)."""
         return {}
+
+    def verdict_chance(self, n: int, discordance: float, thresholds: Mapping[str, float]) -> float | None:
+        """The chance that this claim's statistical rule reaches a verdict (pass or fail) on ``n`` units of one
+        precision when a share ``discordance`` of them disagree and nothing truly moves, computed on the rule
+        itself (:mod:`pytest_kvaudit.claims.power`); None (the default) for a claim that decides on counts alone."""
+        return None
+
+    def rejudge(self, result: Mapping[str, Any], thresholds: Mapping[str, float]) -> ClaimResult | None:
+        """A committed report's result (``result``, as the JSON holds it) judged again from the counts it
+        recorded by today's rules, with ``thresholds``; None (the default) for a claim whose recorded verdict
+        stands, its rule unchanged since (:data:`pytest_kvaudit.claims.rules.RULES_VERSION`) or not a statistic
+        of its counts."""
+        return None
 
     def recorded_run(self, config: AuditConfig) -> Path | None:
         """A file in which an earlier run of this model recorded its lengths (a ledger), for the plan to price
@@ -257,6 +270,10 @@ def names(units: Iterable[str], limit: int = 8) -> str:
 
 
 def combine(statuses: Iterable[str]) -> str:
+    """A claim's verdict from its parts: FAIL when any part fails, PASS when every part passes, else
+    inconclusive. So a claim's PASS size is one part's (every part must pass), and its FAIL size is up to the sum
+    of its parts': a statistical rule judges each FAIL part at alpha split over the parts
+    (:mod:`pytest_kvaudit.claims.rules`), keeping the claim's FAIL size at most alpha."""
     s = list(statuses)
     if FAIL in s:
         return FAIL

@@ -19,7 +19,6 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.claims.notes import exact_note, ineligible_note
-from pytest_kvaudit.core.model.engines import lacks
 
 
 @register
@@ -41,7 +40,7 @@ class BridgeBitexact(Claim):
         if unsupported:
             return self.result(INCONCLUSIVE, 0, 0, unsupported[0])
         bad, details = [], []
-        whole = lacks(ev.config.backend, "per_layer")  # the engine's state, compared as bytes
+        whole = "per_layer" in ev.config.engine.lacks  # the engine's state, compared as bytes
         for r in rows:
             a, b = r.constructions["live"], r.constructions["incremental"]
             if r.bridge_mismatch or not a.same_as(b):

@@ -23,7 +23,6 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import e, section, table
 from pytest_kvaudit.claims.stats import wilson_interval
-from pytest_kvaudit.core.model.engines import lacks
 
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
@@ -107,7 +106,7 @@ class DonorFollowing(Claim):
             statuses.append(FAIL)
             control_notes.append(f"sham control missing on {names(missing)}")
         differing: dict[str, dict[str, int]] = {}
-        whole = lacks(ev.config.backend, "per_layer")  # an engine's state read whole has no layers to name
+        whole = "per_layer" in ev.config.engine.lacks  # an engine's state read whole has no layers to name
         if whole:
             figs["per_layer"] = False
         for r in chosen if not whole else ():

@@ -155,6 +155,15 @@ class LedgerAudit(Claim):
                                                "a plain run audits against it",
                            {"recorded": True, "units": len(current["units"]), "ledger": str(path)})
 
+    def rejudge(self, result: Any, thresholds: Any) -> ClaimResult | None:
+        """A recorded pass on fewer than ``min_units`` units (a report from before the least evidence) is
+        inconclusive today; any other verdict stands."""
+        if result["status"] != PASS or result["n"] >= thresholds["min_units"]:
+            return None
+        return self.result(INCONCLUSIVE, result["n"], result["k"],
+                           f"{result['n']} units both recorded and run, needs {int(thresholds['min_units'])}",
+                           result.get("figures"), result.get("counterexamples"))
+
     def comparable(self, result: ClaimResult) -> bool:
         # a run that recorded its ledger, or found none to audit, says nothing of the checkpoint: a gate's
         # "inconclusive -> pass" here would only say that the ledger now exists

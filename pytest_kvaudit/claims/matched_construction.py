@@ -1,11 +1,14 @@
-"""Live cache vs one-shot prefill of the identical ids: suffixes move, accuracy does not.
+"""Live cache vs one-shot prefill of the identical ids: suffixes move, and accuracy moves less than the margin.
 
-The rule, per precision (:func:`pytest_kvaudit.claims.power.matched_rule`, its size proven in
-``tests/claims/test_decision_rules.py``): FAIL when the exact conditional McNemar test (two-sided, alpha =
-1 - confidence) says accuracy moved, even inside the margin; PASS when Tango's paired score interval (two-sided
-95%, so two one-sided tests at 2.5%) lies within ±margin, an interval that keeps its width when nothing is
-discordant; otherwise inconclusive, with the items a pass would need. A model whose labels cannot move (fewer
-than ``min_each`` items right, or wrong, on either side: all right, all wrong) is inconclusive, never a pass.
+The rule, per precision, is the equivalence form (:func:`pytest_kvaudit.claims.rules.matched_rule`, its size
+proven at every n from 20 to 1,000 pairs in ``benchmarks/decision_rules.py`` and the tests): PASS when Tango's
+paired score interval of the accuracy difference lies within ±margin ("accuracy moved less than 6 points
+(95%)"), FAIL when it lies wholly outside (at the FAIL level: alpha split over the run's precisions, so the
+claim's FAIL size stays at most alpha), inconclusive otherwise, with the items a pass would need. Tango's
+interval keeps its width when nothing is discordant, and its z is calibrated so each verdict's size holds. The
+exact McNemar p and whether the interval excludes 0 are figures beside the verdict, never the verdict: a move
+smaller than the margin is what the claim allows. A model whose labels cannot move (fewer than ``min_each``
+items right, or wrong, on either side: all right, all wrong) is inconclusive, never a pass.
 Least evidence: ``min_units`` eligible items, answers extracted on both sides of ``min_label_rate`` of them,
 and ``min_each`` right and wrong.
 """
@@ -17,10 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.claims.base import (
-    FAIL,
-    INCONCLUSIVE,
     NO_INTERVAL,
-    PASS,
     Claim,
     ClaimResult,
     Evidence,
@@ -30,50 +30,18 @@ from pytest_kvaudit.claims.base import (
 )
 from pytest_kvaudit.claims.counterexample import detail
 from pytest_kvaudit.claims.htmlkit import section, table
+from pytest_kvaudit.claims.matched_verdict import FIGURES, TEST, decide, decision_figures, shows
+from pytest_kvaudit.claims.matched_verdict import rejudge as from_counts
 from pytest_kvaudit.claims.notes import ineligible_note
 from pytest_kvaudit.claims.power import items_for, matched_chances, units_for_equivalence
-from pytest_kvaudit.claims.stats import mcnemar_counts, paired_bootstrap_ci, tango_interval, wilson_interval
+from pytest_kvaudit.claims.rules import PROVEN_UP_TO, matched_zs
+from pytest_kvaudit.claims.stats import paired_bootstrap_ci, wilson_interval
 
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
 
 
-def _iv(iv: Any) -> str:
-    lo, hi = list(iv)
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return "-"
-    return f"[{lo:+.3f}, {hi:+.3f}]"
-
-
-#: the per-precision figures (DESIGN's first six, never renamed; the rest added by issue 37)
-FIGURES = ("divergent_suffixes", "label_disagreements", "accuracy_live", "accuracy_prefill", "accuracy_diff",
-           "accuracy_diff_ci", "accuracy_diff_ci_bootstrap", "mcnemar_p", "n", "labels_extracted", "discordant",
-           "answer_changes", "rate_ci", "right_wrong", "pass_chance_at_zero", "power_at_margin", "items_for_pass")
-TEST = ("FAIL: exact conditional McNemar, two-sided, alpha = 1 - confidence; PASS: Tango's paired score interval, "
-        "two-sided (each end a one-sided test at half alpha), within ±margin")
-
-
-def decision_figures(n: int, b: int, c: int, right_live: int, right_prefill: int,
-                     th: Mapping[str, float]) -> dict[str, Any]:
-    """The figures the rule reads, from counts alone: ``n`` pairs, ``b`` right only live, ``c`` only with
-    prefill, and each side's right answers (``benchmarks/rejudge.py`` re-judges committed reports with it)."""
-    conf, m = th["confidence"], th["margin"]
-    acc_l, acc_p = (right_live / n, right_prefill / n) if n else (None, None)
-    ci = tango_interval(b, c, n, conf) if n else NO_INTERVAL
-    disc = (b + c) / n if n else 0.0
-    return {
-        "n": n, "label_disagreements": b + c, "discordant": [b, c], "accuracy_live": acc_l, "accuracy_prefill": acc_p,
-        "accuracy_diff": None if acc_l is None or acc_p is None else acc_l - acc_p, "accuracy_diff_ci": [ci[0], ci[1]],
-        "mcnemar_p": mcnemar_counts(b, c) if n else None,
-        "right_wrong": [min(right_live, right_prefill), n - max(right_live, right_prefill)],
-        # what this n could tell: the chance to pass if accuracy does not move, at the discordance seen, and
-        # McNemar's power against a move of the margin (at least the margin's share of pairs discordant)
-        "pass_chance_at_zero": matched_chances(n, disc, 0.0, m, conf)[0] if n else None,
-        "power_at_margin": matched_chances(n, max(disc, m), m, m, conf)[1] if n else None,
-        "items_for_pass": units_for_equivalence(disc, m, conf) if n else None}
-
-
-def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[str, Any]:
+def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float], verdicts: int) -> dict[str, Any]:
     """One precision's counts, intervals, p and power."""
     live = [bool(r.constructions["live"].label) for r in rows]
     pre = [bool(r.constructions["prefill"].label) for r in rows]
@@ -82,7 +50,7 @@ def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[s
     c = sum(y and not x for x, y in zip(live, pre))
     boot = paired_bootstrap_ci(live, pre, conf, int(th["n_resamples"]), int(th["seed"])) if n else NO_INTERVAL
     f: dict[str, Any] = {
-        **decision_figures(n, b, c, sum(live), sum(pre), th),
+        **decision_figures(n, b, c, sum(live), sum(pre), th, len(div), verdicts),
         "divergent_suffixes": len(div), "accuracy_diff_ci_bootstrap": [boot[0], boot[1]],
         "labels_extracted": [sum(r.constructions["live"].answer is not None
                                  and r.constructions["prefill"].answer is not None
@@ -96,29 +64,12 @@ def _figures(rows: list[Any], div: list[Any], th: Mapping[str, float]) -> dict[s
     return f
 
 
-def decide(f: Mapping[str, Any], th: Mapping[str, float]) -> tuple[str, str]:
-    """One precision's verdict and its reason, in the order of :data:`TEST`."""
-    n, (ext, _), (b, c), (right, wrong) = f["n"], f["labels_extracted"], f["discordant"], f["right_wrong"]
-    m, need, alpha = th["margin"], th["min_label_rate"], 1 - th["confidence"]
-    ci, p = f["accuracy_diff_ci"], f["mcnemar_p"]
-    if n < th["min_units"]:
-        return INCONCLUSIVE, f"{n} eligible items, needs {int(th['min_units'])}"
-    if ext < need * n:
-        return INCONCLUSIVE, (f"an answer extracted on both sides for {ext}/{n} eligible items ({ext / n:.0%}), "
-                              f"needs {need:.0%} ({math.ceil(need * n)}): check the answer regex")
-    stats = (f"{b}:{c} discordant labels, exact McNemar p = {p:.3g}, Tango {th['confidence']:.0%} CI {_iv(ci)}, "
-             f"power {f['power_at_margin']:.0%} against a move of {m:g}")
-    if p < alpha:
-        return FAIL, f"accuracy moved: diff {f['accuracy_diff']:+.3f}; {stats}"
-    if right < th["min_each"] or wrong < th["min_each"]:
-        return INCONCLUSIVE, (f"labels cannot move: {right} items right and {wrong} wrong on the side with fewer, "
-                              f"needs {int(th['min_each'])} of each")
-    if -m <= ci[0] and ci[1] <= m:
-        return PASS, (f"{f['divergent_suffixes']}/{n} suffixes diverge ({f['answer_changes']} with another answer), "
-                      f"accuracy diff {f['accuracy_diff']:+.3f} within ±{m:g}; {stats}")
-    more = f["items_for_pass"]
-    return INCONCLUSIVE, (f"accuracy diff {f['accuracy_diff']:+.3f} not shown within ±{m:g}; {stats}; "
-                          + (f"an 80% chance to pass needs {more} eligible items" if more else "no n gets there"))
+def _points(iv: Any) -> str:
+    """An interval of the accuracy difference in points, as the verdict says it ("[+0.1, +5.1]")."""
+    lo, hi = list(iv)
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"[{lo * 100:+.1f}, {hi * 100:+.1f}]"
 
 
 @register
@@ -148,12 +99,21 @@ class MatchedConstruction(Claim):
 
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
         return {"eligible_items_per_precision": int(thresholds["min_units"]),
-                "label_rate": float(thresholds["min_label_rate"])}
+                "label_rate": float(thresholds["min_label_rate"]),
+                # labels that can move (min_each): a model right on every item is never judged, at any n
+                "right_items_per_side": int(thresholds["min_each"]),
+                "wrong_items_per_side": int(thresholds["min_each"])}
+
+    def verdict_chance(self, n: int, discordance: float, thresholds: Mapping[str, float]) -> float | None:
+        """P(pass) + P(fail) on ``n`` pairs of one precision at a label ``discordance``, accuracy unmoved."""
+        p, f = matched_chances(n, discordance, 0.0, thresholds["margin"], thresholds["confidence"])
+        return float(p + f)
 
     def strict_needs(self, thresholds: Mapping[str, float], rates: Mapping[str, float]) -> dict[str, int | None]:
         """To pass under --kvaudit-strict every precision's Tango interval must lie within ±margin: the items
-        for an 80% chance of that when accuracy does not move, at the highest divergent-suffix rate of a
-        precision (an upper bound on the label discordance), over the eligibility rate."""
+        from which the chance of that, at no true move, stays at least 80% up to 1,000 pairs, at the
+        highest divergent-suffix rate of a precision (the calibrated discordance: an upper bound on the label
+        discordance), over the eligibility rate."""
         need = units_for_equivalence(rates.get("divergent_rate_max", 1.0), thresholds["margin"],
                                      thresholds["confidence"])
         return {"accuracy_ci_within_margin": items_for(need, rates)}
@@ -161,13 +121,17 @@ class MatchedConstruction(Claim):
     def statistic(self, result: ClaimResult) -> str:
         f = result.figures
         first = next(iter(f.get("n", {}) or {}), "")
-        return f"exact McNemar; Tango {f.get('confidence', 0.95):.0%} CI Δacc {first}".rstrip()
+        shown = f"Tango {f.get('confidence', 0.95):.0%} interval, Δacc {first}"
+        return " ".join(shown.split())
 
     def judge(self, ev: Evidence) -> ClaimResult:
         th, records, dtypes = ev.thresholds, ev.records, ev.dtypes
         figs: dict[str, Any] = {k: {} for k in FIGURES}
-        figs["confidence"] = th["confidence"]
+        figs["confidence"], figs["margin"] = th["confidence"], th["margin"]
         figs["test"] = TEST
+        zp, zf, calibrated = matched_zs(th["margin"], th["confidence"], len(dtypes))
+        figs["tango_z"] = {"pass": zp, "fail": zf, "calibrated": calibrated, "verdicts": len(dtypes),
+                           "proven_up_to": PROVEN_UP_TO}
         statuses, reasons, divergent_items, details = [], [], [], []
         n_all = k_all = 0
         primary_ci: tuple[float, float] = NO_INTERVAL
@@ -180,17 +144,25 @@ class MatchedConstruction(Claim):
             details += [detail(r, "live", r.constructions["live"], "prefill", r.constructions["prefill"],
                                label_a=r.constructions["live"].label, label_b=r.constructions["prefill"].label)
                         for r in div]
-            f = _figures(rows, div, th)
+            f = _figures(rows, div, th, len(dtypes))
             if d == dtypes[0] and rows:
                 primary_ci = (f["accuracy_diff_ci"][0], f["accuracy_diff_ci"][1])
             for key, val in f.items():
                 figs[key][d] = val
-            status, why = decide(f, th)
+            status, why = decide(f, th, len(dtypes))
+            figs["verdict"][d] = status
             statuses.append(status)
             reasons.append(f"{d}: {why}")
         return self.result(combine(statuses), n_all, k_all, "; ".join(reasons) + ineligible_note(records, ev.config),
                            figs,
                            divergent_items, interval=primary_ci, details=details)
+
+    def rejudge(self, result: Mapping[str, Any], thresholds: Mapping[str, float]) -> ClaimResult | None:
+        statuses, reason, figs = from_counts(result["figures"], thresholds, result["reason"])
+        first = next(iter(figs["n"]), None)
+        ci = figs["accuracy_diff_ci"][first] if first else NO_INTERVAL
+        return self.result(combine(statuses), result["n"], result["k"], reason, figs, result.get("counterexamples"),
+                           interval=(ci[0], ci[1]), details=result.get("details"))
 
     def key_figure(self, result: ClaimResult) -> str:
         f = result.figures
@@ -199,7 +171,8 @@ class MatchedConstruction(Claim):
         return "; ".join(
             f"{d}: {f['divergent_suffixes'][d]}/{f['n'][d]} suffixes, {f['label_disagreements'][d]} labels, "
             + ("Δacc -" if f["accuracy_diff"][d] is None
-               else f"Δacc {f['accuracy_diff'][d]:+.3f} CI {_iv(f['accuracy_diff_ci'][d])}")
+               else f"Δacc {f['accuracy_diff'][d] * 100:+.1f} points in {_points(f['accuracy_diff_ci'][d])}")
+            + shows(f, d)
             for d in f["divergent_suffixes"]
         )
 
@@ -214,13 +187,18 @@ class MatchedConstruction(Claim):
         def num(x: Any, fmt: str) -> str:
             return "-" if x is None else format(x, fmt)
 
-        rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}", mc["label_disagreements"][d],
-                 "/".join(map(str, mc.get("labels_extracted", {}).get(d, []))) or "-",
-                 num(mc["accuracy_live"][d], ".3f"), num(mc["accuracy_prefill"][d], ".3f"),
-                 num(mc["accuracy_diff"][d], "+.3f"), _iv(mc["accuracy_diff_ci"][d]),
-                 num((mc.get("mcnemar_p") or {}).get(d), ".3g"), num((mc.get("power_at_margin") or {}).get(d), ".0%")]
+        rows = [[d, f"{mc['divergent_suffixes'][d]}/{mc['n'][d]}",
+                 f"{mc['label_disagreements'][d]} of " + ("/".join(map(str, mc.get("labels_extracted", {}).get(d, [])))
+                                                          or "-"),
+                 f"{num(mc['accuracy_live'][d], '.3f')} / {num(mc['accuracy_prefill'][d], '.3f')}",
+                 ("-" if mc["accuracy_diff"][d] is None else f"{mc['accuracy_diff'][d] * 100:+.1f} ")
+                 + _points(mc["accuracy_diff_ci"][d]),
+                 num((mc.get("mcnemar_p") or {}).get(d), ".3g"),
+                 num((mc.get("pass_chance_at_zero") or {}).get(d), ".0%") + " / "
+                 + num((mc.get("pass_chance_at_divergence") or {}).get(d), ".0%"),
+                 shows(mc, d).lstrip(": ") or "-"]
                 for d in mc["divergent_suffixes"]]
         return section("matched", self.title, table(
-            ["precision", "divergent suffixes", "label disagreements", "labels extracted", "accuracy live",
-             "accuracy prefill", "Δ", "Tango 95% CI (two-sided)", "exact McNemar p", "power against ±margin"], rows,
-            "matched"))
+            ["precision", "divergent suffixes", "label changes of extracted", "accuracy live / prefill",
+             f"Δ points, Tango {mc.get('confidence', 0.95):.0%}", "McNemar p", "P(pass), no move: labels / suffixes",
+             "the rule shows"], rows, "matched"))

@@ -7,7 +7,7 @@
   against live and against cold with Wilson intervals, and where the states first differ (layer, position).
 
 A unit counts as a hit only with the engine's proof (``num_cached_tokens > 0``); the others are counted apart.
-The cells come from :mod:`pytest_kvaudit.core.compute.vllm_hits`.
+The cells come from :mod:`pytest_kvaudit.core.requests.hits`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pytest_kvaudit.claims.base import (
 from pytest_kvaudit.claims.htmlkit import e, section, status, table
 from pytest_kvaudit.claims.stats import wilson_interval
 from pytest_kvaudit.core.model.config import AuditConfig
-from pytest_kvaudit.core.model.engines import backend_constructions
 
 WHOLE, PARTIAL, CROSS = "warm:block", "warm", "cross"
 
@@ -92,8 +91,9 @@ class PrefixCache(Claim):
     evidence = "min_units whole-block hits proven by the engine's cached tokens"
 
     def applicable(self, config: AuditConfig) -> str | None:
-        if "warm" not in backend_constructions(config.backend):
-            return f"the {config.backend} backend has no prefix cache (vLLM's is audited with --kvaudit-backend=vllm)"
+        if "warm" not in config.engine.constructions:
+            return (f"the {config.engine.name} backend has no prefix cache (vLLM's is audited with "
+                    "--kvaudit-backend=vllm)")
         return super().applicable(config)
 
     def least_evidence(self, thresholds: Mapping[str, float]) -> dict[str, float | None]:
@@ -103,8 +103,9 @@ class PrefixCache(Claim):
         conf = ev.thresholds["confidence"]
         rows = ev.eligible()
         if rows and not any(WHOLE in r.requests for r in rows):
-            return self.result(INCONCLUSIVE, 0, 0, f"the {ev.config.backend} backend's prompt cache has no blocks: its "
-                               "warm construction is in the construction axes; the three block shapes are vLLM's")
+            return self.result(INCONCLUSIVE, 0, 0, f"the {ev.config.engine.name} backend's prompt cache has no "
+                               "blocks: its warm construction is in the construction axes; the three block shapes "
+                               "are vLLM's")
         figs: dict[str, Any] = {"confidence": conf, "per_dtype": {}}
         ok: dict[str, bool] = {}
         why: dict[str, str] = {}

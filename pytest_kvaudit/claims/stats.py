@@ -1,26 +1,20 @@
-"""Intervals and tests for the claims, on scipy.stats wherever it has the method.
+"""Intervals and tests for the claims, on scipy.stats wherever it has the method. Which interval decides what,
+and at which level, is :mod:`pytest_kvaudit.claims.rules`; this module computes them.
 
-Which rule decides what, and why (the size of each rule is proven in ``tests/claims/test_decision_rules.py``):
-
-- **A rate against a threshold** (fixed_prefix_2x2's FP32 rate, a lossy cache's label changes): PASS when the
-  Wilson upper bound is at or below it (the paper's 1.88% at 0/200), FAIL when the Clopper-Pearson lower bound
-  is above it. Both are the ends of a two-sided 95% interval, so each is a one-sided 97.5% bound. The lower end
-  is the exact one because Wilson's lower bound is too high at small rates: at a true 2% it is above 2% on
-  10% of runs of 27 units, Clopper-Pearson's never on more than 2.5%.
-- **"Accuracy moved"** (matched_construction's FAIL): the exact conditional McNemar test, a two-sided binomial
-  test of the discordant pairs at one half (``scipy.stats.binomtest``). Given the discordant count its size
-  is at most alpha whatever the table, so 4:0 (p = 0.125) is not a move.
-- **"Accuracy does not move"** (matched_construction's PASS): Tango's score interval for a paired difference of
-  proportions lies within ±margin (two one-sided tests at 2.5% each). Chosen over Newcombe's hybrid score
-  because it depends on the discordant counts alone (so its size is enumerated exactly), it keeps its width
-  when nothing is discordant (±z²/(n+z²): ±1.88 points at 0/200, ±16 points at 0/20, the Wilson bound of
-  the discordance itself), and its size at the margin stays below 2.5% from 20 to 400 pairs, where Newcombe's
-  with continuity correction reaches 5.9% (100 pairs, discordance at the margin) and the percentile bootstrap
-  fails every k:0 table with k >= 4.
+- Clopper-Pearson (exact) bounds decide the rate claims; Wilson's interval is the paper's figure (1.88% at
+  0/200), reported beside them.
+- Tango's score interval for a paired difference of proportions decides matched_construction. Chosen over
+  Newcombe's hybrid score because it depends on the discordant counts alone (so its size is enumerated
+  exactly) and it keeps its width when nothing is discordant (±z²/(n+z²): ±1.88 points at 0/200 and z =
+  1.96, the Wilson bound of the discordance itself); Newcombe's with continuity correction reaches a size
+  of 5.9% (100 pairs, discordance at the margin) and the percentile bootstrap fails every k:0 table with
+  k >= 4.
+- The exact conditional McNemar p (a two-sided binomial test of the discordant pairs at one half) and the
+  paired percentile bootstrap (the paper's method) are reported figures, never verdicts.
 
 From the paper's own counts (200 pairs, 11 right only live, 9 only prefill) the paired percentile bootstrap
 gives its CI of (-0.035, +0.055); Tango's interval on the same counts is (-0.036, +0.057), inside ±6 points,
-and McNemar's p is 0.82: the paper's verdict, equivalence.
+and McNemar's p is 0.82.
 """
 
 from __future__ import annotations
@@ -63,26 +57,6 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     """Wilson score interval for a proportion; (0, 1) when there is nothing to judge."""
     low, high = _binomial_interval(k, n, confidence, "wilson")
     return (max(0.0, low), min(1.0, high))
-
-
-def least_units_for_upper(max_rate: float, k: int = 0, confidence: float = 0.95, limit: int = 10**8) -> int | None:
-    """The least n at which k failures of n have a Wilson upper bound at or below ``max_rate`` (the upper
-    bound falls as n grows with k fixed); None when no n up to ``limit`` gets there. At k=0 and 95% it is
-    ceil(z^2 (1 - r) / r): 189 units for 2%."""
-    if max_rate <= 0:
-        return None
-    n = max(k, 1)
-    if wilson_interval(k, n, confidence)[1] <= max_rate:
-        return n
-    hi = n
-    while wilson_interval(k, hi, confidence)[1] > max_rate:
-        n, hi = hi, hi * 2
-        if hi > limit:
-            return None
-    while hi - n > 1:  # upper(n) > max_rate >= upper(hi)
-        mid = (n + hi) // 2
-        n, hi = (mid, hi) if wilson_interval(k, mid, confidence)[1] > max_rate else (n, mid)
-    return hi
 
 
 def clopper_pearson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -149,7 +123,7 @@ def mcnemar_p_array(b: Any, m: Any) -> Any:
     return np.where(m > 0, p, 1.0)
 
 
-def _tango_z(b: Any, c: Any, n: Any, delta: Any) -> Any:
+def tango_statistic(b: Any, c: Any, n: Any, delta: Any) -> Any:
     """Tango's score statistic for H0: p_a - p_b = delta, with the constrained maximum-likelihood estimate of
     the ``c`` cell's probability (Tango 1998, Statistics in Medicine 17:891); at delta = 0 it is McNemar's z."""
     np, _ = _scipy()
@@ -159,61 +133,30 @@ def _tango_z(b: Any, c: Any, n: Any, delta: Any) -> Any:
     return (b - c - n * delta) / np.sqrt(np.maximum(var, 1e-300))
 
 
-def tango_array(b: Any, c: Any, n: Any, confidence: float = 0.95) -> tuple[Any, Any]:
+def tango_array(b: Any, c: Any, n: Any, confidence: float = 0.95, z: float | None = None) -> tuple[Any, Any]:
     """Tango's score interval for a paired difference of proportions, ``(b - c) / n`` where ``b`` pairs are
     right only on the first side and ``c`` only on the second, over arrays: the deltas where the score
-    statistic crosses ±z, found by bisection (it falls as delta grows; 46 halvings reach 3e-14)."""
+    statistic crosses ±z (``z`` given, or that of a two-sided ``confidence``), found by bisection (it falls as
+    delta grows; 46 halvings reach 3e-14)."""
     np, _ = _scipy()
     b, c, n = (np.asarray(x, dtype=float) for x in (b, c, n))
-    z = z_two_sided(confidence)
+    z = z_two_sided(confidence) if z is None else z
     ends = []
     for target in (z, -z):
         lo = np.full(np.broadcast(b, c, n).shape, -1.0 + 1e-12)
         hi = np.full_like(lo, 1.0 - 1e-12)
         for _ in range(46):
             mid = (lo + hi) / 2
-            above = _tango_z(b, c, n, mid) > target
+            above = tango_statistic(b, c, n, mid) > target
             lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
         ends.append((lo + hi) / 2)
     return ends[0], ends[1]
 
 
-def tango_interval(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """:func:`tango_array` for one table; (-1, 1) with no pairs. 4:0 of 197 gives (+0.0008, +0.0510)."""
+def tango_interval(b: int, c: int, n: int, confidence: float = 0.95, z: float | None = None) -> tuple[float, float]:
+    """:func:`tango_array` for one table; (-1, 1) with no pairs. 4:0 of 197 gives (+0.0008, +0.0510) at 95%."""
     _check(b + c, n)
     if n == 0:
         return (-1.0, 1.0)
-    lo, hi = tango_array(b, c, n, confidence)
+    lo, hi = tango_array(b, c, n, confidence, z)
     return (max(-1.0, float(lo)), min(1.0, float(hi)))
-
-
-def rate_bounds_array(k: Any, n: int, confidence: float = 0.95) -> tuple[Any, Any]:
-    """(Clopper-Pearson lower, Wilson upper) over an array of counts ``k`` of ``n``: the two bounds the rate
-    rule reads, vectorised for the enumerations (equal to :func:`clopper_pearson_interval` and
-    :func:`wilson_interval`, tested)."""
-    np, stats = _scipy()
-    k = np.asarray(k, dtype=float)
-    a = 1 - confidence
-    z = z_two_sided(confidence)
-    p = k / n
-    upper = (p + z * z / (2 * n) + z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
-    lower = np.where(k > 0, stats.beta.ppf(a / 2, np.maximum(k, 1), n - k + 1), 0.0)
-    return lower, np.minimum(upper, 1.0)
-
-
-def rate_decision_array(k: Any, n: int, threshold: float, confidence: float = 0.95) -> tuple[Any, Any]:
-    """(passes, fails) of the rate rule over an array of counts ``k`` of ``n`` (:func:`rate_decision`)."""
-    lower, upper = rate_bounds_array(k, n, confidence)
-    return upper <= threshold, lower > threshold
-
-
-def rate_decision(k: int, n: int, threshold: float, confidence: float = 0.95) -> tuple[str, float, float]:
-    """A rate against a threshold, symmetric: "pass" when the Wilson upper bound is at or below it, "fail" when
-    the Clopper-Pearson lower bound is above it, else "inconclusive"; with the two bounds (one-sided
-    ``1 - (1 - confidence) / 2`` each: 97.5% at 95%). Nothing judged is inconclusive."""
-    _check(k, n)
-    if n == 0:
-        return ("inconclusive", 0.0, 1.0)
-    lower, upper = (float(x) for x in rate_bounds_array(k, n, confidence))
-    passes, fails = upper <= threshold, lower > threshold
-    return ("pass" if passes else "fail" if fails else "inconclusive", lower, upper)

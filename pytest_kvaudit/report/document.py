@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.claims import base
 from pytest_kvaudit.claims.base import USER_ORDER, ClaimResult, finite
+from pytest_kvaudit.claims.rules import RULES_VERSION
 from pytest_kvaudit.core.atomic import atomic_write_text
 
 if TYPE_CHECKING:  # claims (and scipy with them) load only where a report is built
@@ -61,6 +62,7 @@ def build(
     shown = {name: {k: v for k, v in d.items() if k != "html"} for name, d in sorted((display or {}).items())}
     return {
         "schema_version": SCHEMA_VERSION,
+        "rules_version": RULES_VERSION,  # which decision rules judged it (pytest_kvaudit.claims.rules)
         "model": dict(identity),
         "environment": dict(environment),
         "items": dict(items),

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pytest_kvaudit.core.model.engines import find
+from pytest_kvaudit.core.planning.strict_gate import gate_lines
 from pytest_kvaudit.report.document import display_of, ordered
 
 #: the claims table's width in columns: it fits a 120-column terminal
@@ -202,11 +203,11 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
                           f"{'-' if r['expected'] is None else round(r['expected'], 1)}" for w, r in c["needs"].items())
         why = f" ({c['why']})" if c.get("why") else ""
         out.append(f"{name:<22} decides: {c['decides']:<19} {needs or 'no least evidence declared'}{why}")
-        out += strict_lines(c, plan["items"])
-    return out
+        out += strict_lines(c, plan["items"], (plan.get("strict_gate") or {}).get("basis", "the calibration"))
+    return out + gate_lines(plan.get("strict_gate") or {})
 
 
-def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
+def strict_lines(c: Mapping[str, Any], items: int, basis: str = "the calibration") -> list[str]:
     """What n a strict gate (--kvaudit-strict) needs for a claim to decide, and a warning when the run has less."""
     st = c.get("strict") or {}
     if c.get("decides") in ("not applicable", "not declared") or not st.get("by"):
@@ -219,8 +220,8 @@ def strict_lines(c: Mapping[str, Any], items: int) -> list[str]:
     span = ("" if lo is None or (lo == hi == st.get("n")) else
             f"; {lo} to {'no n' if hi is None else hi} items over the calibrated rates' 95% intervals")
     if st.get("n") is None and st.get("at_least") is not None:
-        return [f"{'':<22} strict n: unknown, at least {st['at_least']} items ({by}): the calibration saw nothing "
-                f"to estimate a rate from, so {chance} needs a larger calibration or a run."]
+        return [f"{'':<22} strict n: unknown, at least {st['at_least']} items ({by}): {basis} saw nothing to "
+                f"estimate a rate from (the needs marked never), so {chance} needs a larger calibration or a run."]
     if st.get("n") is None:
         return [f"{'':<22} strict n: no n reaches it at these rates ({by}), so --kvaudit-strict fails it."]
     warn = f"; WARNING: this run has n={items}, so --kvaudit-strict is likely to fail it" if items < st["n"] else ""

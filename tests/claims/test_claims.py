@@ -6,25 +6,26 @@ import json
 import math
 
 from pytest_kvaudit.claims import ClaimResult, least_units, registered
-from pytest_kvaudit.claims.stats import least_units_for_upper, wilson_interval
+from pytest_kvaudit.claims.rules import least_units_below, rate_decision
 from pytest_kvaudit.report.document import dumps
 from pytest_kvaudit.report.terminal import detail_line, fmt_interval, lines
 
 
-def test_least_units_for_a_wilson_upper_bound() -> None:
-    assert least_units_for_upper(0.02) == 189  # the paper's 0/200 clears 2% with 11 units to spare
-    assert wilson_interval(0, 189)[1] <= 0.02 < wilson_interval(0, 188)[1]
-    n = least_units_for_upper(0.02, k=2)
-    assert n is not None and wilson_interval(2, n)[1] <= 0.02 < wilson_interval(2, n - 1)[1]
-    assert least_units_for_upper(0.0) is None
+def test_least_units_for_an_exact_upper_bound() -> None:
+    assert least_units_below(0.02) == 183  # the paper's 0/200 clears 2% with 17 units to spare (Wilson: 189)
+    assert rate_decision(0, 183, 0.02)[2] <= 0.02 < rate_decision(0, 182, 0.02)[2]
+    n = least_units_below(0.02, k=2)
+    assert n is not None and rate_decision(2, n, 0.02)[2] <= 0.02 < rate_decision(2, n - 1, 0.02)[2]
+    assert least_units_below(0.0) is None
 
 
 def test_every_claim_says_what_it_needs() -> None:
     needs = {c.name: least_units(c) for c in registered()}
     assert "layer_sweep" not in needs  # an analysis now, not a claim
-    assert needs["fixed_prefix_2x2"] == {"units_per_high_precision": 189, "divergent_units_per_low_precision": 10}
-    assert least_units("fixed_prefix_2x2", {"max_rate": 0.5})["units_per_high_precision"] == 4
-    assert needs["matched_construction"] == {"eligible_items_per_precision": 20, "label_rate": 0.8}
+    assert needs["fixed_prefix_2x2"] == {"units_per_high_precision": 183, "divergent_units_per_low_precision": 10}
+    assert least_units("fixed_prefix_2x2", {"max_rate": 0.5})["units_per_high_precision"] == 6
+    assert needs["matched_construction"] == {"eligible_items_per_precision": 20, "label_rate": 0.8,
+                                             "right_items_per_side": 10, "wrong_items_per_side": 10}
     assert needs["replica_exactness"] == {"replica_pairs": 12}
     assert needs["donor_following"] == {"divergent_units_per_direction": 10}
     assert needs["bridge_bitexact"] == {"items_x_precisions": 12}

@@ -1,13 +1,18 @@
-"""matched_construction and fixed_prefix_2x2 judged on built records: the verdicts the new rules give on the
-tables that broke the old ones (SmolLM2's 4:0, a model that answers nothing, zero discordance at 20 items, an
-FP32 rate at half the limit) and the paper's own counts; no model."""
+"""matched_construction and fixed_prefix_2x2 judged on built records: the verdicts today's rules (issue 45's
+equivalence form, exact rate bounds) give on the tables that broke earlier ones (SmolLM2's 4:0, a model that
+answers nothing, zero discordance at 20 items, an FP32 rate at half the limit) and the paper's own counts; no
+model."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from pytest_kvaudit.claims import get
 from pytest_kvaudit.claims.base import ClaimResult, Evidence
+from pytest_kvaudit.claims.rules import matched_rule, matched_zs
+from pytest_kvaudit.claims.stats import tango_interval
 from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.records import CellRecord, Continuation
 
@@ -33,16 +38,21 @@ def judge(records: list[CellRecord], dtypes: tuple[str, ...] = ("bf16",)) -> Cla
     return claim.judge(Evidence(records, claim.resolve(config), config))
 
 
-def test_smollm2s_4_to_0_table_is_not_a_fail() -> None:
+def test_smollm2s_4_to_0_table_moved_less_than_the_margin() -> None:
     # SmolLM2-135M bf16, 197 items: 123 right live, 119 right with prefill, 4:0 discordant
     r = judge(table(119, 4, 0, 74))
     f = r.figures
-    assert r.status == "pass" and f["mcnemar_p"]["bf16"] == 0.125
     lo, hi = f["accuracy_diff_ci"]["bf16"]
-    assert (round(lo * 100, 2), round(hi * 100, 2)) == (0.08, 5.10)
-    assert f["accuracy_diff_ci_bootstrap"]["bf16"][0] > 0  # the old rule's interval excluded 0: a FAIL then
-    assert 0 < f["power_at_margin"]["bf16"] < 1 and f["pass_chance_at_zero"]["bf16"] is not None
-    assert "exact McNemar p = 0.125" in r.reason and "Tango 95% CI" in r.reason
+    assert (lo, hi) == tango_interval(4, 0, 197, z=matched_zs(0.06)[0])
+    assert r.status == "pass" and 0 < lo and hi < 0.06 and f["excludes_zero"]["bf16"]  # moved, by less than 6
+    assert f["mcnemar_p"]["bf16"] == 0.125 and f["verdict"]["bf16"] == "pass"
+    assert f["accuracy_diff_ci_bootstrap"]["bf16"][0] > 0  # the paper's interval excluded 0: a FAIL under rules 1
+    # these records diverge only where labels differ: both chances at 4/197, labelled as observed
+    assert f["pass_chance_at_zero"]["bf16"] == f["pass_chance_at_divergence"]["bf16"] > 0.9
+    assert "power_at_margin" not in f  # a chance at a floor of the discordance: gone (issue 45)
+    assert ("bf16: accuracy moved less than 6 points (95%): moved +2.0 points (exact McNemar p = 0.125), 4:0 "
+            "discordant labels, Tango interval [+0.1, +5.1] excludes 0, within ±6") in r.reason
+    assert "at the observed label discordance 2.0%" in r.reason
 
 
 def test_the_papers_counts_give_its_verdict() -> None:
@@ -60,13 +70,27 @@ def test_a_model_whose_labels_cannot_move_is_inconclusive(counts: tuple[int, int
     assert r.status == "inconclusive" and "labels cannot move" in r.reason
 
 
-def test_a_real_move_fails_and_too_little_evidence_is_inconclusive() -> None:
-    assert judge(table(100, 15, 0, 85)).status == "fail"  # p = 6e-5
-    moved = judge(table(150, 6, 0, 144))  # p = 0.031 of 300: a move, inside the margin, still fails
-    assert moved.status == "fail" and moved.figures["accuracy_diff_ci"]["bf16"][1] < 0.06
+def test_a_move_beyond_the_margin_fails_and_one_inside_it_passes() -> None:
+    assert judge(table(100, 40, 0, 60)).status == "fail"  # 20 points: the interval lies wholly outside ±6
+    near = judge(table(100, 15, 0, 85))  # 7.5 points: the interval straddles +6, neither shown
+    assert near.status == "inconclusive" and "not shown within ±6" in near.reason
+    inside = judge(table(150, 6, 0, 144))  # p = 0.031 of 300: a move, and within the margin
+    assert inside.status == "pass" and inside.figures["mcnemar_p"]["bf16"] < 0.05
     few = judge(table(10, 0, 0, 10))  # nothing discordant at 20 items: compatible with 16% discordance
-    assert few.status == "inconclusive" and "80% chance to pass needs 61" in few.reason
-    assert few.figures["accuracy_diff_ci"]["bf16"][1] == pytest.approx(0.1611, abs=1e-4)
+    z = matched_zs(0.06)[0]
+    assert few.status == "inconclusive" and f"80% chance to pass needs {math.ceil(z * z * 0.94 / 0.06)}" in few.reason
+    assert few.figures["accuracy_diff_ci"]["bf16"][1] == pytest.approx(z * z / (20 + z * z), abs=1e-9)
+
+
+def test_the_fail_alpha_is_split_over_the_precisions() -> None:
+    # a table the one-precision FAIL level fails and the two-precision level does not: the claim's FAIL size
+    # stays at most alpha whatever the number of precisions
+    b = next(b for b in range(200) if matched_rule(b, 0, 200, 0.06, 0.95, 1)[1] and not matched_rule(b, 0, 200, 0.06,
+                                                                                                     0.95, 2)[1])
+    one = judge(table(100 - b, b, 0, 100))
+    two = judge(table(100 - b, b, 0, 100) + table(100, 0, 0, 100, "fp32"), ("bf16", "fp32"))
+    assert one.status == "fail" and two.figures["verdict"]["bf16"] == "inconclusive"
+    assert two.figures["tango_z"]["verdicts"] == 2 and two.figures["tango_z"]["fail"] > one.figures["tango_z"]["fail"]
 
 
 def fixed_table(k: int, n: int) -> list[CellRecord]:
@@ -81,8 +105,9 @@ def fixed_table(k: int, n: int) -> list[CellRecord]:
     return rows
 
 
-@pytest.mark.parametrize("k,n,status", [(0, 200, "pass"), (2, 100, "inconclusive"), (2, 27, "inconclusive"),
-                                        (9, 100, "fail"), (0, 100, "inconclusive")])
+@pytest.mark.parametrize("k,n,status", [(0, 200, "pass"), (0, 183, "pass"), (0, 182, "inconclusive"),
+                                        (2, 100, "inconclusive"), (2, 27, "inconclusive"), (9, 100, "fail"),
+                                        (0, 100, "inconclusive")])
 def test_the_fp32_rule_is_symmetric(k: int, n: int, status: str) -> None:
     claim = get("fixed_prefix_2x2")
     config = AuditConfig(dtypes=("bf16", "fp32"))

@@ -57,8 +57,8 @@ USAGE_CASES: list[tuple[list[str], str]] = [
     (["--kvaudit-backend=vllm", "--kvaudit-engine-arg", "1x=2"], "ERROR: --kvaudit-engine-arg '1x=2': give KEY=VALUE*"),
     (["--kvaudit-backend=vllm", "--kvaudit-engine-arg=block_size=16", "--kvaudit-engine-arg=block_size=32"],
      "ERROR: --kvaudit-engine-arg: block_size is given twice (block_size=16 and block_size=32); give it once"),
-    (["--kvaudit-engine-arg=block_size=16"], "ERROR: --kvaudit-engine-arg passes arguments to vllm.LLM: it needs "
-                                             "--kvaudit-backend=vllm (this run is transformers)"),
+    (["--kvaudit-engine-arg=block_size=16"], "ERROR: --kvaudit-engine-arg block_size: the transformers backend takes "
+                                             "no such setting (it takes: none)"),
     # a cache kind the engine does not run, before anything loads (each engine's EngineSpec.cache_kinds)
     (["--kvaudit-backend=llama.cpp", "--kvaudit-cache=dynamic,quantized:fp8"],
      "ERROR: --kvaudit-cache=quantized:fp8: the llama.cpp backend runs no kind beyond dynamic"),

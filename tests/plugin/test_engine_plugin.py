@@ -18,12 +18,13 @@ from pytest_kvaudit.core.model.engines import engine
 SERVED = '''
 import json
 from pytest_kvaudit.core.compute.cells import CellBuilder
-from pytest_kvaudit.core.model.engines import EngineSpec, register_backend
+from pytest_kvaudit.core.engine import EngineSpec, register_backend
 from pytest_kvaudit.core.planning.calibrate import forward_calibration
 from pytest_kvaudit.core.runtime import state as kv
-from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend, open_spec
+from pytest_kvaudit.engines.transformers.backend import TransformersBackend, open_spec
 
-USED = {"cells": 0, "calibrations": 0, "restores": 0, "reads": 0, "step": 0, "step_batch": 0, "shape": 0}
+USED = {"cells": 0, "calibrations": 0, "restores": 0, "reads": 0, "step": 0, "step_batch": 0, "shape": 0,
+        "engine_args": None}
 
 class Reader:
     """The engine's state reader: the layer adapters' functions, counted."""
@@ -55,9 +56,13 @@ def calibrate(h, items, prompts, item_set, cost):
     USED["calibrations"] += 1
     return forward_calibration(h, items, prompts, item_set, cost)
 
-register_backend(EngineSpec("served", lambda spec: Served(**vars(open_spec(spec))), level="request",
-                            constructions=("restore",), lacks=frozenset({"layer_sweep"}),
-                            cell_builder=Requests, calibrator=calibrate, state_reader=Reader()))
+def opened(spec):
+    USED["engine_args"] = dict(spec.engine_args)
+    return Served(**vars(open_spec(spec)))
+
+register_backend(EngineSpec("served", opened, level="request", constructions=("restore",),
+                            lacks=frozenset({"layer_sweep"}), cell_builder=Requests, calibrator=calibrate,
+                            state_reader=Reader(), engine_arg_keys=frozenset({"page_size"})))
 
 def pytest_unconfigure(config):  # after the plan, which --kvaudit-plan prices at the session's end
     if not hasattr(config, "workerinput"):
@@ -69,10 +74,12 @@ def pytest_unconfigure(config):  # after the plan, which --kvaudit-plan prices a
 def test_a_request_level_engine_from_a_conftest_runs_the_claims(pytester: pytest.Pytester, tiny_llama: Path) -> None:
     setup_suite(pytester, conftest=SERVED)
     res, data = run(pytester, tiny_llama, "--kvaudit-backend=served", "--kvaudit-dtypes=fp32",
-                    "--kvaudit-analyses=batch_invariance")  # the batch probe, which no claim reads
+                    "--kvaudit-analyses=batch_invariance",  # the batch probe, which no claim reads
+                    "--kvaudit-engine-arg=page_size=16")  # a key its record takes, handed to its opener
     assert res.ret == 0, res.stdout.str()[-3000:]
     used = json.loads((pytester.path / "used.json").read_text())
     assert used["cells"] == 8 and used["restores"] > 0 and used["calibrations"] == 0 and used["reads"] > 0
+    assert used["engine_args"] == {"page_size": "16"}
     # every forward of the run went through the engine: the decoder counted what the engine ran
     assert used["step"] == data["cost"]["forward_calls"] - used["step_batch"] > 0
     assert used["step_batch"] >= 1 and used["shape"] >= 1
@@ -87,6 +94,10 @@ def test_a_request_level_engine_from_a_conftest_runs_the_claims(pytester: pytest
 def test_a_request_level_engine_from_a_conftest_is_priced_by_the_plan(pytester: pytest.Pytester,
                                                                       tiny_llama: Path) -> None:
     setup_suite(pytester, conftest=SERVED)
+    refused, _ = run(pytester, tiny_llama, "--kvaudit-backend=served", "--kvaudit-engine-arg=block_size=16")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["ERROR: --kvaudit-engine-arg block_size: the served backend takes no such setting "
+                                  "(it takes: page_size)"])
     res, _ = run(pytester, tiny_llama, "--kvaudit-backend=served", "--kvaudit-dtypes=fp32", "--kvaudit-plan")
     assert res.ret == 0, res.stdout.str()[-3000:]
     used = json.loads((pytester.path / "used.json").read_text())

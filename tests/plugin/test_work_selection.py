@@ -13,7 +13,7 @@ import pytest
 from kvtest import run, setup_suite
 from pytest_kvaudit.claims import Claim, get, least_units
 from pytest_kvaudit.claims.power import units_for_equivalence
-from pytest_kvaudit.claims.stats import least_units_for_upper
+from pytest_kvaudit.claims.rules import least_units_below
 from pytest_kvaudit.core.cost.chance import count_chance
 from pytest_kvaudit.core.cost.evidence import NOT_APPLICABLE, decides, rates, strict_n, strict_plan
 from pytest_kvaudit.core.cost.pricing import Lengths
@@ -101,7 +101,7 @@ def test_the_strict_n_comes_from_each_claims_own_least_evidence() -> None:
     cfg = AuditConfig(dtypes=("bf16", "fp32"))
     per_item = rates(cfg, {})  # no sample: the bound, every item eligible
     fixed = strict_n(least_units("fixed_prefix_2x2"), per_item)
-    assert fixed["n"] == least_units_for_upper(0.02) == fixed["by"]["units_per_high_precision"]
+    assert fixed["n"] == least_units_below(0.02) == fixed["by"]["units_per_high_precision"]
     bridge = least_units("bridge_bitexact")
     assert strict_n(bridge, per_item)["n"] == bridge["items_x_precisions"] // 2  # an item is a unit per precision
     # above the donor units, no n gets there
@@ -119,7 +119,7 @@ def test_a_calibration_that_saw_no_divergence_says_unknown_at_least_not_fails() 
     th = get("fixed_prefix_2x2").resolve(cfg)
     fixed = strict_plan(least_units("fixed_prefix_2x2"), sample_of({"bf16": 0, "fp32": 0}), cfg,
                         partial(get("fixed_prefix_2x2").strict_needs, th))
-    assert fixed["n"] is None and fixed["at_least"] is not None and fixed["at_least"] >= 189
+    assert fixed["n"] is None and fixed["at_least"] is not None and fixed["at_least"] >= 183
     donor = strict_plan(least_units("donor_following"), sample_of({"bf16": 0, "fp32": 0}), cfg)
     assert donor["n"] is None and donor["at_least"] is not None and 10 <= donor["at_least"] < 200
     lines = strict_lines({"decides": "yes", "needs": {}, "strict": donor}, 200)
@@ -184,13 +184,22 @@ def test_the_plan_has_a_row_for_a_user_claim_and_says_what_cannot_run(pytester: 
     # a test that reads the store without a Claim class: a row too, and it gets everything
     assert claims["test_plain"]["decides"] == "not declared" and plan["work"] is None
     fixed = claims["fixed_prefix_2x2"]["strict"]
-    assert fixed["by"]["units_per_high_precision"] >= least_units_for_upper(0.02)  # over the eligibility rate
-    res.stdout.fnmatch_lines(["*strict n: * items (eligible_items_per_precision 20 -> 20, accuracy_ci_within_margin -> "
-                              "*) for an 80% chance to pass under --kvaudit-strict; *; WARNING: this run has n=8*",
-                              "*strict n: unknown, at least 189 items (*): the calibration saw nothing to estimate*",
+    assert fixed["by"]["units_per_high_precision"] >= least_units_below(0.02)  # over the eligibility rate
+    # a random model answers nothing right: its labels cannot move, on the calibration's items at least
+    res.stdout.fnmatch_lines(["*strict n: unknown, at least * items (eligible_items_per_precision 20 -> 20, "
+                              "right_items_per_side 10 -> never, wrong_items_per_side 10 -> *, "
+                              "accuracy_ci_within_margin -> *): the calibration's 8 items saw nothing to estimate*",
+                              "*strict n: unknown, at least 183 items (*): the calibration's 8 items saw nothing to "
+                              "estimate*",
                               "*strict n: 6 items (items_x_precisions 12 -> 6) for an 80% chance to pass*",
                               "lossy_cache_budget*decides: not applicable*",
                               "live_prefill_labels*decides:*"])
+    # the strict gate: one n within the 14 items the set holds, and what it leaves out, with why
+    res.stdout.fnmatch_lines(["kvaudit strict gate: --kvaudit-n=6 --kvaudit-claims=*replica_exactness*",
+                              "  left out: matched_construction: labels cannot move: every answer is wrong on the "
+                              "calibration's 8 items*",
+                              "  left out: fixed_prefix_2x2: *the item set holds 14 items*"])
+    assert plan["strict_gate"]["item_set_max"] == 14 and "fixed_prefix_2x2" not in plan["strict_gate"]["claims"]
 
 
 def test_k_deselection_narrows_the_work(pytester: pytest.Pytester, tiny_llama: Path) -> None:

@@ -1,5 +1,6 @@
-"""Every command that README.md and docs/ show runs as written, from a copy of the checkout, in the venv that the
-page's own install line makes (scripts/doc_commands.py reads them from the pages; nothing here copies one).
+"""Every command that README.md and docs/ show runs as written (scripts/doc_commands.py reads them from the pages;
+nothing here copies one): README's first run in a venv that its install line makes in a fresh copy of the
+checkout, the others in the venvs .ci/run built, each install line held to the extras its commands need.
 
 A command marked ``# expensive:`` runs at ``--kvaudit-n=REDUCED_N`` (the test's id says so); one marked
 ``# fails:`` must exit 1 (the page shows a finding); one marked ``# CI skips:`` is listed as skipped with the
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,20 +73,48 @@ def clean_env(cache: Path | None = None) -> dict[str, str]:
     return env
 
 
+def fresh(cmd) -> bool:  # noqa: ANN001
+    """Whether CI builds ``cmd``'s venv from its install line as written: README's first run's line, the one a
+    newcomer types. Every other line runs in the venv .ci/run built with the same pip steps, or with a superset of
+    its extras (``test_every_command_asks_its_install_line_for_the_extras_it_needs`` holds each line to what its
+    commands need); building one venv per line would cost CI minutes each."""
+    first = next(c for c in COMMANDS if c.page == "README.md" and c.kind == dc.SETUP_KIND)
+    return cmd.install == first.install
+
+
 class Venvs:
-    """One venv per install line, shared by the xdist workers (built under a file lock)."""
+    """The venv each command runs in; a fresh one is built once per install line, shared by the xdist workers
+    (under a file lock)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def cache(self, cmd) -> Path:  # noqa: ANN001
-        return self.root / f"cache-{hashlib.sha256(cmd.install.encode()).hexdigest()[:12]}"
+    def ci_venv(self, cmd) -> Path | None:  # noqa: ANN001
+        if fresh(cmd):
+            return None
+        same = dc.built_by_ci(cmd.install, cmd.venv)
+        if same is not None:
+            return same
+        if dc.extras(cmd.install) <= dc.ci_extras(cmd.venv):
+            return Path(sys.prefix) if cmd.venv == ".venv" else REPO / cmd.venv
+        return None
+
+    def cache(self, cmd) -> Path | None:  # noqa: ANN001
+        """A fresh venv's own KVAUDIT_CACHE: it fetches and converts SmolLM2 itself (a warm cache would hide a
+        missing ``gguf``); a CI venv shares the user's cache."""
+        key = hashlib.sha256(cmd.install.encode()).hexdigest()[:12]
+        return None if self.ci_venv(cmd) else self.root / f"cache-{key}"
+
+    def checkout(self, cmd) -> Path:  # noqa: ANN001
+        """The checkout that ``cmd``'s venv installed kvaudit from: this one for a venv .ci/run built, else the
+        fresh copy its install line ran in."""
+        return REPO if self.ci_venv(cmd) else self.get(cmd).parent
 
     def get(self, cmd) -> Path:  # noqa: ANN001
-        ci = dc.built_by_ci(cmd.install, cmd.venv)
+        ci = self.ci_venv(cmd)
         if ci is not None:
             if not (ci / "bin" / "activate").is_file():
-                pytest.skip(f"{cmd.venv} is not built here: .ci/run builds it with this install line")
+                pytest.skip(f"{cmd.venv} is not built here: .ci/run builds it")
             return ci
         from filelock import FileLock
 
@@ -124,12 +154,12 @@ def test_the_command_runs_as_written(cmd, venvs: Venvs, tmp_path: Path) -> None:
     venv = venvs.get(cmd)
     if cmd.kind == dc.SETUP_KIND:
         return  # the install line built the venv (or .ci/run did, with the same steps)
-    if cmd.files:
+    if cmd.files:  # a user's project: a folder with the files the page shows
         for name, body in cmd.files:
             (tmp_path / name).write_text(body)
         cwd = tmp_path
-    else:
-        cwd = copy_checkout(tmp_path / "checkout")
+    else:  # the checkout the venv was made in (its package and its suites/ are one)
+        cwd = venvs.checkout(cmd)
     text = dc.reduced(cmd.text, REDUCED_N) if cmd.kind == dc.EXPENSIVE else cmd.text
     res = subprocess.run(["bash", "-c", script(cmd, venv, text)], cwd=cwd, env=clean_env(venvs.cache(cmd)), text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
@@ -165,6 +195,12 @@ def test_the_reader_finds_each_command_with_its_mark(tmp_path: Path) -> None:
     assert mine.reason == "your checkpoint" and gpu.reason == "needs a GPU"
 
 
+def test_a_new_venv_starts_a_new_job(tmp_path: Path) -> None:
+    cmds = page(tmp_path, "```bash\nX=$(python scripts/smollm2.py)\npytest --kvaudit-model=$X\n```\n"
+                          "```bash\npython3 -m venv .venv && pip install -e . && pytest suites\n```\n")
+    assert cmds[1].prelude == ("X=$(python scripts/smollm2.py)",) and cmds[2].prelude == ()
+
+
 def test_an_expensive_command_without_an_n_is_refused() -> None:
     assert dc.reduced("pytest suites -n 2", 3) == "pytest --kvaudit-n=3 suites -n 2"
     assert dc.reduced("bash benchmarks/results/x/run.sh out", 3) == "N=3 bash benchmarks/results/x/run.sh out"
@@ -177,6 +213,19 @@ def test_a_test_file_shown_on_the_page_travels_with_its_commands(tmp_path: Path)
                           "```bash\npytest --kvaudit-n=4   # fails: the finding\n```\n")
     assert cmds[0].kind == "fails" and cmds[0].files == (("test_mine.py", "# test_mine.py -- a claim\ndef test_x():\n"
                                                                            "    pass\n"),)
+
+
+def test_every_command_asks_its_install_line_for_the_extras_it_needs() -> None:
+    lacking = {c.id: sorted(m) for c in COMMANDS if c.kind not in (dc.SKIP, dc.SETUP_KIND)
+               if (m := dc.missing_extras(c))}
+    assert lacking == {}
+
+
+def test_the_extras_check_fails_on_a_line_without_gguf(tmp_path: Path) -> None:
+    cmds = page(tmp_path, "```bash\npython3 -m venv .venv && pip install -e '.[xdist]'\n"
+                          "SMOLLM2_DIR=$(python scripts/smollm2.py)\n"
+                          "pytest suites --kvaudit-model=$SMOLLM2_DIR -n 2\n```\n")
+    assert dc.missing_extras(cmds[-1]) == {"gguf"}
 
 
 def test_the_readme_opens_with_a_command_that_runs() -> None:

@@ -30,6 +30,10 @@ DEV_LOG = re.compile(r"\bsessions?\b|\bIssue \d|\blent\b|\bthis (?:CPU|machine|X
                      r"|\bsince then\b|\bsuperseded\b|\bunder the hour\b", re.I)
 #: words of the team that wrote it, in the site's config and in the notes folder
 WORKFLOW = re.compile(r"\bhelpers?\b|\bintegrator\b|\bbranch(?:es)?\b", re.I)
+#: wording that claims no move, or no disagreement at all, which no decision rule here can show: a rule shows a
+#: move smaller than a margin, a rate below a threshold. A paragraph that says why the rule cannot show it may
+#: use them (it names "cannot show")
+TOO_STRONG = re.compile(r"accuracy does not\b|does not move|\bhas none\b|shows none|\bdo not move", re.I)
 #: the machines table's names
 MACHINES = ("Intel Xeon (AMX)", "AMD EPYC (AVX512-BF16)", "AMD EPYC (AVX2)", "NVIDIA H200")
 
@@ -184,6 +188,26 @@ def test_the_ledger_page_lists_the_keys_of_the_committed_ledger() -> None:
     assert headings(unit) == {k for u in ledger["units"].values() for k in u}
 
 
+# -- prose no stronger than the rules ------------------------------------------------------------------------------
+def too_strong(text: str) -> list[str]:
+    """The phrases of :data:`TOO_STRONG`, outside paragraphs (and comment blocks) that explain why a rule cannot
+    show them."""
+    return [m.group(0) for par in re.split(r"\n\s*\n", text) if "cannot show" not in par
+            for m in TOO_STRONG.finditer(par)]
+
+
+def test_the_prose_says_what_the_rules_show() -> None:
+    sources = [*all_pages(), *sorted((REPO / "pytest_kvaudit" / "claims").glob("*.py"))]
+    bad = {str(p.relative_to(REPO)): found for p in sources if (found := too_strong(p.read_text()))}
+    assert bad == {}
+
+
+def test_the_prose_check_fails_on_a_claim_no_rule_can_show() -> None:
+    assert too_strong("Suffixes move, accuracy does not.\n\nFP32 has none.") == ["accuracy does not", "has none"]
+    assert too_strong("A finite run cannot show that accuracy does not move: it shows a move below 6 points.") == []
+    assert too_strong("accuracy moved less than 6 points (95%); FP32 disagreement below 2% (97.5%)") == []
+
+
 # -- the site's shape ------------------------------------------------------------------------------------------------
 def nav_pages(nav: list) -> set[str]:
     out: set[str] = set()
@@ -202,9 +226,9 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_a_page() -> None:
 
 def test_readme_is_a_landing_page() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
-    assert len(lines) <= 180  # a landing page, with a first run and what it prints
+    assert len(lines) <= 190  # a landing page, with a first run and what it prints
     assert "## A first run" in "\n".join(lines[:30])  # the command itself: tests/project/test_doc_commands.py
-    head = "\n".join(lines[:110])
+    head = "\n".join(lines[:130])
     for quickstart in ("**Gate a checkpoint in CI.**", "**Audit vLLM's prefix cache.**",
                        "**Reproduce the paper's table**"):
         assert quickstart in head, quickstart

@@ -17,10 +17,12 @@ from kvtest import REPO
 
 PKG = REPO / "pytest_kvaudit"
 _CORE = ("core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute", "core.gate",
-         "core.planning")
+         "core.planning", "core.requests", "core.engine")
 #: each layer and the layers it may import (the pytest side, at the top, may import all of them). The core, from
 #: the bottom: errors and atomic writes; plain data; the built-in item sets; arithmetic on lengths; torch and the
-#: engines; the computation; the baseline gate's logic; the plan. Over the core: the workers and the claims; the
+#: engines; the computation; a request-level engine's shared cells (over the computation); the baseline gate's
+#: logic; the plan; an engine's record (its parts' defaults are the
+#: forward-level computation and calibration). Over the core: the workers and the claims; the
 #: reports, which render the claims, over those
 LAYERS = {
     "core": {"core"},
@@ -30,11 +32,19 @@ LAYERS = {
     "core.runtime": {"core", "core.model", "core.itemsets", "core.runtime"},
     "core.compute": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute"},
     "core.gate": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.gate"},
-    "core.planning": set(_CORE),
+    "core.requests": {"core", "core.model", "core.itemsets", "core.cost", "core.runtime", "core.compute",
+                      "core.requests"},
+    "core.planning": set(_CORE) - {"core.engine", "core.requests"},
+    "core.engine": set(_CORE),
     "workers": {"workers", *_CORE},
     "claims": {"claims", *_CORE},
     "report": {"report", "claims", *_CORE},
+    "engines": {"engines"},
 }
+#: each engine is one folder (``engines/<name>/``): it may import the core and itself, never another engine, and
+#: nothing in the core, the claims, the workers or the reports imports it (only its entry point names it)
+ENGINES = sorted(p.parent.name for p in (PKG / "engines").glob("*/__init__.py"))
+LAYERS.update({f"engines.{e}": {"engines", f"engines.{e}", *_CORE} for e in ENGINES})
 #: the most import floors within one layer: a module that imports nothing of its layer is floor 1
 MAX_FLOORS = 6
 BUILTIN_CLAIMS = ("replica_exactness", "matched_construction", "fixed_prefix_2x2", "bridge_bitexact", "ledger_audit",
@@ -112,6 +122,8 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> str:
     parts = module.split(".")[1:]
+    if parts[:1] == ["engines"]:
+        return "engines." + parts[1] if len(parts) > 1 else "engines"
     if parts[:1] == ["core"]:
         return "core." + parts[1] if len(parts) > 2 or (len(parts) == 2 and f"core.{parts[1]}" in LAYERS) else "core"
     return parts[0] if parts and (len(parts) > 1 or parts[0] in LAYERS) else "pytest side"
@@ -265,7 +277,7 @@ def test_strings_that_name_modules_count_as_imports(tmp_path: Path) -> None:
     assert imports(f, "x") == {"pytest_kvaudit.core.compute.store", "pytest_kvaudit.report"}
     targets = {t for group in entry_points().values() for t in group.values()}
     assert targets and all(named_module(t, modules()) for t in targets), targets
-    assert "pytest_kvaudit.core.planning.builtin_engines" in graph()["pytest_kvaudit.plugin"]
+    assert "pytest_kvaudit.engines.vllm.record" in graph()["pytest_kvaudit.plugin"]
 
 
 def test_the_model_layer_names_no_higher_layer_in_a_string() -> None:

@@ -51,7 +51,8 @@ def test_values_read_as_words() -> None:
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(REPO)))
-def test_no_python_repr_on_a_committed_report_page(path: Path) -> None:
+def test_no_python_repr_on_a_committed_report_page(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(html.analysis, "figures", lambda report: [])  # pictures hold no words: not drawn, faster
     page = html.render(json.loads(path.read_text()))
     text = re.sub(r"data:image/png;base64,[^'\"]*", "", page)
     for repr_ in ("[&#x27;", "{&#x27;", ">True<", ">False<", ">None<", "{}<"):
@@ -89,3 +90,16 @@ def test_every_text_colour_meets_wcag_aa_on_every_background() -> None:
     low = [(f, b, round(contrast(f, b), 2)) for f in fgs for b in bgs if contrast(f, b) < 4.5]
     assert low == []
     assert 4.47 < contrast("#a66a00", "#fff") < 4.5  # INCONCLUSIVE's former colour: this check fails it
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("benchmarks/results/**/report.html")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_committed_report_page_is_today_s_with_its_figures(path: Path) -> None:
+    """Rebuilt by this renderer (the run's line on top) with matplotlib, so its figures are in it; the screenshots
+    beside them are of these pages (scripts/report_screens.py)."""
+    page = path.read_text()
+    assert "id='summary'" in page and "Figures need matplotlib" not in page
+    assert page.count("<img alt=") >= 3 and page.count("src='data:image/png;base64,") >= 3
+    stem = "-".join(path.relative_to(REPO / "benchmarks" / "results").with_suffix("").parts).removesuffix("-report")
+    for width in (1400, 800):
+        assert (REPO / "benchmarks" / "results" / "screens" / f"{stem}-{width}.png").exists(), (stem, width)

@@ -30,7 +30,6 @@ from typing import Any
 from pytest_kvaudit.core.compute.transplants import anatomy, transplants
 from pytest_kvaudit.core.errors import UnsupportedCacheError
 from pytest_kvaudit.core.model.config import AuditConfig, BoundaryRule
-from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.items import Item, ItemSet, extract_answer, token_text
 from pytest_kvaudit.core.model.pipeline import FIXED, LIVE, LIVE_REPLICA, Step, constructions, replicates
 from pytest_kvaudit.core.model.records import (
@@ -87,8 +86,8 @@ class CellBuilder:
     def __init__(self, dec: Decoder, tokenizer: Any, cfg: AuditConfig, item_set: ItemSet,
                  transplant: TransplantFn | None = None, max_positions: int | None = None) -> None:
         self.dec, self.tok, self.cfg, self.item_set = dec, tokenizer, cfg, item_set
-        self.engine = engine(cfg.backend)  # its own constructions, what it lacks, and what reads its states:
-        self.kv: Any = self.engine.state_reader or kv
+        self.engine = cfg.engine  # its own constructions, what it lacks, and what reads its states:
+        self.kv: Any = self.engine.state_reader
         self.max_positions = max_positions
         #: each layer's kind (full, sliding(W), recurrent...), read off the first boundary state
         self.layer_kinds: list[str] | None = None

@@ -157,8 +157,9 @@ def lossy_axis(store: ProbeStore, h: Backend, dtype: str, kind: str) -> None:
 def lossy_outcome(rec: CellRecord, suffix: Sequence[int], margins: Sequence[float], decode: Callable[[list[int]], str],
                   answer_regex: str, tokens: int) -> dict[str, Any]:
     """What a lossy cache's probe records of one unit (any engine's: :func:`lossy_axis`, vLLM's fp8 in
-    :mod:`.vllm_lossy`): its ``suffix`` set against the exact prefill construction's, where they part, the top-2
-    margins there (``margins``: the lossy continuation's, per step), the answer and its label."""
+    :mod:`pytest_kvaudit.engines.vllm.lossy`): its ``suffix`` set against the exact prefill construction's, where
+    they part, the top-2 margins there (``margins``: the lossy continuation's, per step), the answer and its
+    label."""
     exact = rec.constructions["prefill"]
     got = tuple(suffix)
     ans = extract_answer(decode(list(rec.generated[: rec.boundary]) + list(got)), answer_regex)

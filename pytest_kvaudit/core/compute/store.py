@@ -17,25 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from pytest_kvaudit.core.compute import probes
-from pytest_kvaudit.core.compute.cells import CellBuilder, prompt_ids
+from pytest_kvaudit.core.compute.cells import prompt_ids
 from pytest_kvaudit.core.compute.grants import LostItem, WorkSource, within
 from pytest_kvaudit.core.compute.progress import Progress, Tally
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR, AuditConfig
-from pytest_kvaudit.core.model.engine_protocol import OpenSpec
-from pytest_kvaudit.core.model.engines import engine
+from pytest_kvaudit.core.model.engine_protocol import Backend, CellBuilding, OpenSpec
 from pytest_kvaudit.core.model.items import Item, ItemSet, stopper
 from pytest_kvaudit.core.model.records import CellRecord
-from pytest_kvaudit.core.runtime.backends import Backend, open_engine
 from pytest_kvaudit.core.runtime.decoder import NO_FAULTS, Cost, Decoder, Faults
 from pytest_kvaudit.core.runtime.environment import environment
 from pytest_kvaudit.core.runtime.itemcheck import check_markers, check_prompt_ids, resolve
-
-
-def cell_builder(backend: str) -> Any:
-    """The cell builder class for ``backend``: its record's (:attr:`EngineSpec.cell_builder`), else the
-    forward-level :class:`~.cells.CellBuilder`."""
-    return engine(backend).cell_builder or CellBuilder
 
 
 def open_spec(c: AuditConfig, dtype: str, attn: str | None = None) -> OpenSpec:
@@ -87,7 +79,7 @@ class Store:
         if key not in self._handles:
             self._handles.clear()
             _free_device_memory()
-            self._handles[key] = open_engine(self.cfg.backend, open_spec(self.cfg, dtype, attn))
+            self._handles[key] = self.cfg.engine.opener(open_spec(self.cfg, dtype, attn))
         return self._handles[key]
 
     def prompt_ids(self, item: Item, h: Backend) -> tuple[int, ...]:
@@ -117,8 +109,8 @@ class Store:
             check_markers(self.items, self.item_set, h.tokenizer, self.cfg.model)
             check_prompt_ids(self.item_set, h.vocab_size, self.cfg.model)
             dec = Decoder(h, h.eos_ids, self.cost, self.faults)
-            make = cell_builder(self.cfg.backend)
-            builder = make(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant, h.max_positions)
+            builder = self.cfg.engine.cell_builder(dec, h.tokenizer, self.cfg, self.item_set, self.faults.transplant,
+                                                   h.max_positions)
             dec.stop = stopper(self.item_set, builder.decode)
             for j, item in taken(self.items, phase, queue):
                 # the budgets go to the first transplant units in (precision, item) order; under xdist counted
@@ -156,7 +148,7 @@ class Store:
             tally.finished, tally.seconds = True, self.cost.seconds
             progress(tally)
 
-    def _cell(self, builder: CellBuilder, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],
+    def _cell(self, builder: CellBuilding, item: Item, dtype: str, fixed_prefix: dict[str, tuple[int, ...] | None],
               grant: Callable[[], tuple[bool, ...]]) -> CellRecord:
         """One cell; out of memory on one item is reported for that item and the run goes on."""
         try:
@@ -194,7 +186,7 @@ def learn_engine(store: Store, h: Backend, dtype: str) -> None:
         if Path(store.cfg.model).resolve() == EMBEDDED_DIR.resolve():
             store.identity["id"] = "embedded"
         store.environment = environment(h.device) | {"attn_implementation": h.attn_implementation,
-                                                     "backend": store.cfg.backend}
+                                                     "backend": store.cfg.backend}  # the name, as data
     store.environment.setdefault("dtypes", []).append(dtype)
     for key, value in getattr(h, "environment", {}).items():
         if isinstance(value, dict):
@@ -207,9 +199,8 @@ def probe(store: Store, dec: Decoder, h: Backend, dtype: str) -> None:
     """The probes on the precision's loaded model: batch invariance, then the cache axes (before the attention
     axes, which load other models)."""
     probes.batch_invariance(store, dec, h, dtype)
-    cache_probe = engine(store.cfg.backend).cache_probe or probes.cache_probe
     for kind in store.cfg.cache_axes:
-        cache_probe(store, h, dtype, kind)
+        store.cfg.engine.cache_probe(store, h, dtype, kind)
 
 
 def taken(items: Sequence[Item], phase: int, queue: WorkSource | None) -> Iterator[tuple[int, Item]]:

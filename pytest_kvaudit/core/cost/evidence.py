@@ -145,6 +145,9 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
     e_ex = None if e_sum is None else e_sum * ex / max(1, items)
     div_all = [rate(x, "divergent") for x in cfg.dtypes]
     e_div = None if any(v is None for v in div_all) else sum(v for v in div_all if v is not None) * items
+    sides = {w: [_side_share(sample.get(x, ()), w, end) for x in cfg.dtypes] for w in ("right", "wrong")}
+    e_side = {w: None if any(v is None for v in vs) else min(v for v in vs if v is not None) * items
+              for w, vs in sides.items()}
     return {
         "units": (items * d, e_sum),
         "replica_pairs": (2 * ex * d, None if e_ex is None else 2 * e_ex),
@@ -154,7 +157,25 @@ def evidence(cfg: AuditConfig, items: int, sample: Mapping[str, Sequence[Lengths
         "divergent_units_per_low_precision": (items if low else 0, e_div_low if low else 0),
         "divergent_units_per_direction": (min(items * d, cfg.donor_max_units),
                                           None if e_div is None else min(e_div, cfg.donor_max_units)),
+        # labels that can move: items right (wrong) on the side with fewer, at the precision with fewest
+        "right_items_per_side": (items, e_side["right"]),
+        "wrong_items_per_side": (items, e_side["wrong"]),
     }
+
+
+def _side_share(rows: Sequence[Lengths], which: str, end: str | None) -> float | None:
+    """The share of items right (``which="right"``) on the side (live or prefill) with fewer right answers, or
+    wrong on the side with fewer wrong: what ``matched_construction``'s ``min_each`` counts, per item of the
+    set; None where no row knows its labels (an engine's calibration that does not extract them)."""
+    known = [x.right for x in rows if x.right is not None]
+    if not known:
+        return None
+    live, pre = sum(a for a, _ in known), sum(b for _, b in known)
+    k = min(live, pre) if which == "right" else len(known) - max(live, pre)
+    if end is None:
+        return k / len(rows)
+    lo, hi = wilson(k, len(rows))
+    return lo if end == "low" else hi
 
 
 def caps(cfg: AuditConfig) -> dict[str, float]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_kvaudit.core.model.engine_protocol import RequestPrice  # noqa: F401 (its old home)
 from pytest_kvaudit.core.model.pipeline import (
     FIXED,
     LIVE,
@@ -39,8 +40,6 @@ from pytest_kvaudit.core.model.pipeline import (
 if TYPE_CHECKING:
     from pytest_kvaudit.core.model.config import AuditConfig
 
-#: a request-level engine's price of a step (:attr:`pytest_kvaudit.core.model.engines.EngineSpec.request_price`)
-RequestPrice = Callable[[str, int, int, int, int], "tuple[int, int] | None"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,8 @@ class Lengths:
     divergent: bool = False
     generated: int | None = None  # an ineligible trajectory's generation (default boundary + suffix)
     budget: int | None = None  # the suffix's token budget (default the suffix): what a request may decode
+    #: (live right, prefill right) where the labels are known (a calibration or a ledger): whether they can move
+    right: tuple[bool, bool] | None = None
 
     @property
     def gen(self) -> int:
@@ -133,8 +134,9 @@ def unit_of_record(r: Any) -> Unit | None:
 def price_units(units: Iterable[Unit], request_price: RequestPrice | None = None,
                 max_new: int | None = None) -> dict[str, list[int]]:
     """``{step: [cells, calls, tokens]}`` of these units (probes: tokens only, as the records count them); a
-    request-level engine's steps at its own price (``request_price``, :attr:`.engines.EngineSpec.request_price`;
-    ``max_new`` the item set's, whose rest after the boundary a batch's other requests decode)."""
+    request-level engine's steps at its own price (``request_price``,
+    :attr:`pytest_kvaudit.core.engine.record.EngineSpec.request_price`; ``max_new`` the item set's, whose rest after
+    the boundary a batch's other requests decode)."""
     acc: dict[str, list[int]] = {}
     own = request_price or (lambda *_: None)
     for u in units:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pytest_kvaudit.core.model.items import Item
 
 NAME = "builtin:arith-v3"
-#: the paper's unit count: the FP32 bound at 2% needs 189 units at 0 disagreements
+#: the paper's unit count: the FP32 bound at 2% needs 183 units at 0 disagreements (Clopper-Pearson)
 SIZE = 200
 #: after the restated facts, before any result: ``Mia has 3 apples and buys 8 more, so``
 BOUNDARY = ", so"

@@ -8,14 +8,15 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model import cache_kinds as lossy
+from pytest_kvaudit.core.model import engines
 from pytest_kvaudit.core.model.cache_kinds import known_kind
-from pytest_kvaudit.core.model.engines import check_cache_kinds, lacks
+from pytest_kvaudit.core.model.engine_protocol import Engine
 from pytest_kvaudit.core.model.pipeline import computes
 from pytest_kvaudit.core.model.precisions import low_precision, parse_dtypes  # noqa: F401 (options read it here)
 from pytest_kvaudit.core.model.schedules import extra_constructions
@@ -80,17 +81,17 @@ def parse_engine_args(pairs: Iterable[str], source: str = "--kvaudit-engine-arg"
     return tuple(sorted(out.items()))
 
 
-def parse_cache_kinds(text: str | None, backend: str = "transformers") -> tuple[str, ...]:
+def parse_cache_kinds(text: str | None, engine: Engine) -> tuple[str, ...]:
     """``--kvaudit-cache=dynamic,static,quantized:quanto-int4`` -> the kinds beyond the dynamic one, which the
-    claims always run on. Each is checked here against what ``backend`` runs, then a quantized kind with its
-    extra, so a kind the engine cannot run or a missing package is one line before anything loads."""
+    claims always run on. Each is checked here against what ``engine`` (its record) runs, then a quantized kind
+    with its extra, so a kind the engine cannot run or a missing package is one line before anything loads."""
     kinds = [p.strip().lower() for p in (text or "dynamic").split(",") if p.strip()]
     bad = [k for k in kinds if not known_kind(k)]
     if bad or not kinds:
         raise KvauditError(f"--kvaudit-cache={text!r}: use a comma list of dynamic and static, also {lossy.OFFLOADED} "
                            "and lossy quantized:quanto-int4, quantized:quanto-int2, quantized:hqq-int4, quantized:fp8 "
                            "(default: dynamic)")
-    out = check_cache_kinds(backend, tuple(dict.fromkeys(k for k in kinds if k != "dynamic")))
+    out = engine.check_cache_kinds(tuple(dict.fromkeys(k for k in kinds if k != "dynamic")))
     for k in out:
         lossy.check_kind(k)
     return out
@@ -183,7 +184,9 @@ class AuditConfig:
     """Everything that decides what a run computes. Two runs with equal configs compute the same cells."""
 
     model: str = str(EMBEDDED_DIR)
-    backend: str = "transformers"  # the engine that runs the model (engine/backends/)
+    #: the engine that runs the model, by name: data (the ledger and the report write it); what runs is
+    #: :attr:`engine`, its record
+    backend: str = "transformers"
     items: str | None = None
     n: int | None = None
     dtypes: tuple[str, ...] = ("bf16", "fp32")
@@ -216,12 +219,17 @@ class AuditConfig:
     #: what the selected claims need (:func:`.pipeline.work_of`): None computes everything (every built-in claim,
     #: or a test that reads the store without declaring what it reads)
     work: tuple[str, ...] | None = None
+    #: the record of :attr:`backend`, resolved once when the config is built (``--kvaudit-backend`` at configure):
+    #: every computation reads the engine through it, never by name
+    engine: Engine = field(default=cast(Engine, None), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.engine is None or self.engine.name != self.backend:
+            object.__setattr__(self, "engine", engines.engine(self.backend))
         # what the backend cannot do is neither run nor priced (the report names it): a whole-state engine has no
         # layers to sweep, a one-sequence context no batch to compare a row of; nor what no selected claim reads
         for field_name, what in (("sweep_units", "layer_sweep"), ("batch_units", "batch_invariance")):
-            if lacks(self.backend, what) or not computes(self.work, what):
+            if what in self.engine.lacks or not computes(self.work, what):
                 object.__setattr__(self, field_name, 0)
 
     def computes(self, what: str) -> bool:
@@ -240,7 +248,7 @@ class AuditConfig:
         """What decides the work a run computes beyond the model and the item set: the fields of
         :data:`WORK_FIELDS` and the registered schedules every cell computes. Shards merged into one run must
         agree on it, and a plan's estimate is kept for the run that has it."""
-        d = dataclasses.asdict(self)
+        d = {k: getattr(self, k) for k in WORK_FIELDS}  # not asdict: the record is no data
         return {**{k: list(d[k]) if isinstance(d[k], tuple) else d[k] for k in WORK_FIELDS},
                 "constructions": list(extra_constructions())}
 

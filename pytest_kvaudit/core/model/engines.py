@@ -1,6 +1,9 @@
-"""The engines kvaudit can audit (``--kvaudit-backend``), each one :class:`EngineSpec`: how to open it, the
-constructions it builds by its own means, whether it runs forwards on a caller's state or serves requests, its
-cell builder and calibrator, the state reader its cells use, what it lacks and the lines it adds to the report.
+"""The engines kvaudit can audit (``--kvaudit-backend``), found by name: each one record
+(:class:`pytest_kvaudit.core.engine.record.EngineSpec`, read through the :class:`.engine_protocol.Engine` protocol):
+how to open it, the constructions it builds by its own means, whether it runs forwards on a caller's state or
+serves requests, its cell builder and calibrator, the state reader its cells use, what it lacks and the lines it
+adds to the report. The name is turned into the record once, when a run's config is built
+(:class:`pytest_kvaudit.core.model.config.AuditConfig`); everything below reads the record.
 
 Engines are found the way pytest finds its plugins: through the ``kvaudit.engines`` entry-point group (the
 built-in three are declared in ``pyproject.toml`` like any third party's), or by :func:`register_backend` from
@@ -11,18 +14,13 @@ records hold the callables, and whoever registers them imports them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Literal
 
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model import engine_constructions  # noqa: F401  (their schedules, for pricing)
-from pytest_kvaudit.core.model.engine_protocol import Backend, OpenSpec
-from pytest_kvaudit.core.model.precisions import named, torch_precisions
+from pytest_kvaudit.core.model.engine_protocol import Engine
 
-__all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "EngineSpec", "backend_constructions", "check", "check_cache_kinds",
-           "engine", "find", "known", "lacks", "register_backend"]
+__all__ = ["ANALYSES", "CAPABILITIES", "GROUP", "check", "engine", "find", "known", "register_backend"]
 
 #: the entry-point group engines are declared in (``[project.entry-points."kvaudit.engines"]``)
 GROUP = "kvaudit.engines"
@@ -33,77 +31,19 @@ CAPABILITIES = (*ANALYSES, "per_layer")
 LACKABLE = frozenset(CAPABILITIES)
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """Everything kvaudit knows about one engine, in one record (compare pytest's plugins: one object per
-    plugin, found by entry point)."""
-
-    name: str
-    #: opens one model at one precision: ``opener(OpenSpec) -> Backend``
-    opener: Callable[[OpenSpec], Backend]
-    #: ``forward``: the audit runs chunks of ids on a state it holds (transformers, llama.cpp); ``request``: the
-    #: engine serves whole requests and keeps the state itself (vLLM), so its cells and calibration are its own
-    level: Literal["forward", "request"] = "forward"
-    #: registered schedules the engine builds by its own means (``Backend.construct``), run in every cell under
-    #: it and priced by the plan; ``{batch}`` is filled with the run's batch size
-    constructions: tuple[str, ...] = ()
-    #: what it cannot do (:data:`LACKABLE`): never run, never priced; ``per_layer``: its state is read whole
-    lacks: frozenset[str] = frozenset()
-    #: the ``--kvaudit-dtypes`` values it runs (names of :mod:`pytest_kvaudit.core.model.precisions`)
-    precisions: tuple[str, ...] = torch_precisions()
-    #: builds one item's cells: ``cell_builder(dec, tokenizer, cfg, item_set, transplant, max_positions)`` with
-    #: ``compute(item, dtype, fixed_prefix, grant)``; None: the forward-level builder (``core.compute.cells``)
-    cell_builder: Callable[..., Any] | None = None
-    #: times a few of its calls for the plan: ``calibrator(backend, items, prompts, item_set, cost) -> {...}``;
-    #: None: the forward-level calibration (``core.planning.calibrate``)
-    calibrator: Callable[..., dict[str, Any]] | None = None
-    #: what reads its boundary states (fingerprint, compare, clone, transplant, check_supported, kinds,
-    #: recurrent): a module or object; None: the layer adapters of ``core.runtime.state``
-    state_reader: Any = None
-    #: the report's lines about the engine, from the run's environment block; None: none
-    report_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
-    #: a request-level engine's price of a step whose requests are not the pipeline's forwards (its prefix-cache
-    #: hits, a batch's other requests, a transplant that prefills again): ``request_price(name, prompt, head,
-    #: suffix, budget) -> (calls, tokens)``, or None for the step's declared price (``transplant`` names a
-    #: transplant's continuation; ``budget`` is the suffix's token budget). Its records carry what it counted
-    request_price: Callable[[str, int, int, int, int], tuple[int, int] | None] | None = None
-    #: the ``--kvaudit-cache`` kinds beyond ``dynamic`` it runs (vLLM: ``("quantized:fp8",)``, its
-    #: ``kv_cache_dtype=fp8``); None: every kind (the forward-level probes make each one); checked at configure
-    cache_kinds: tuple[str, ...] | None = None
-    #: runs one further cache kind on one precision's records: ``cache_probe(store, backend, dtype, kind)``;
-    #: None: the forward-level probes (``core.compute.probes.cache_probe``)
-    cache_probe: Callable[..., None] | None = None
-    #: what :attr:`cache_kinds` are in the engine's own words, for the one line that refuses another kind
-    cache_kinds_said: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.name or not callable(self.opener):
-            raise KvauditError(f"engine {self.name!r}: an EngineSpec needs a name and an opener(OpenSpec) -> Backend")
-        if self.level not in ("forward", "request"):
-            raise KvauditError(f"engine {self.name!r}: level={self.level!r}; use 'forward' or 'request'")
-        if self.level == "request" and (self.cell_builder is None or self.calibrator is None):
-            raise KvauditError(f"engine {self.name!r} is request-level: give it its own cell_builder and calibrator "
-                               "(the forward-level ones run chunks of ids on a state the engine does not hand out)")
-        unknown = sorted(set(self.lacks) - LACKABLE)
-        if unknown:
-            raise KvauditError(f"engine {self.name!r}: lacks {', '.join(unknown)} is not one of "
-                               f"{', '.join(sorted(LACKABLE))}")
-        for p in self.precisions:
-            named(p)
-
-    def constructions_at(self, batch: int) -> tuple[str, ...]:
-        """Its own constructions' names in a run of batch size ``batch`` (vLLM's ``batched(B)``)."""
-        return tuple(n.format(batch=batch) for n in self.constructions)
+_REGISTERED: dict[str, Engine] = {}
 
 
-_REGISTERED: dict[str, EngineSpec] = {}
+def is_record(spec: object) -> bool:
+    """Whether ``spec`` is an engine's record (it has every field of :class:`.engine_protocol.Engine`)."""
+    return isinstance(spec, Engine)
 
 
-def register_backend(spec: EngineSpec) -> EngineSpec:
+def register_backend(spec: Engine) -> Engine:
     """Make ``--kvaudit-backend=spec.name`` run ``spec`` (replacing an entry point of that name); returns it."""
-    if not isinstance(spec, EngineSpec):
+    if not is_record(spec):
         raise KvauditError(f"register_backend takes an EngineSpec, not {type(spec).__name__}: build one with "
-                           "pytest_kvaudit.core.model.engines.EngineSpec(name, opener, ...)")
+                           "pytest_kvaudit.core.engine.EngineSpec(name, opener, ...)")
     _REGISTERED[spec.name] = spec
     return spec
 
@@ -126,47 +66,22 @@ def check(name: str) -> str:
     return name
 
 
-def engine(name: str) -> EngineSpec:
+def engine(name: str) -> Engine:
     """The record of engine ``name``, its entry point loaded the first time it is asked for."""
     if name not in _REGISTERED:
         ep = _entry_points().get(check(name))
         assert ep is not None
         spec = ep.load()
-        if not isinstance(spec, EngineSpec) or spec.name != name:
+        if not is_record(spec) or spec.name != name:
             raise KvauditError(f"entry point {ep.value!r} ({GROUP} {name!r}) is not an EngineSpec named {name!r}: "
                                "point it at one")
         _REGISTERED[name] = spec
     return _REGISTERED[name]
 
 
-def find(name: str | None) -> EngineSpec | None:
+def find(name: str | None) -> Engine | None:
     """The record of ``name``, or None where this installation does not know it (a report from elsewhere)."""
     try:
         return engine(name) if name else None
     except KvauditError:
         return None
-
-
-def lacks(name: str, what: str) -> bool:
-    """Whether backend ``name`` cannot do ``what``: ``per_layer`` (its state is read whole, as bytes),
-    ``layer_sweep``, ``batch_invariance``."""
-    return what in engine(name).lacks
-
-
-def check_cache_kinds(name: str, kinds: tuple[str, ...]) -> tuple[str, ...]:
-    """``kinds`` (``--kvaudit-cache``, beyond ``dynamic``) if backend ``name`` runs each of them, else one line
-    naming the first it does not run, the engine and what it runs."""
-    spec = engine(name)
-    if spec.cache_kinds is None:
-        return kinds
-    for kind in kinds:
-        if kind not in spec.cache_kinds:
-            runs = ", ".join(spec.cache_kinds) or "no kind beyond dynamic"
-            said = f" ({spec.cache_kinds_said})" if spec.cache_kinds_said else ""
-            raise KvauditError(f"--kvaudit-cache={kind}: the {name} backend runs {runs}{said}")
-    return kinds
-
-
-def backend_constructions(name: str) -> tuple[str, ...]:
-    """The constructions backend ``name`` builds by its own means (an empty tuple for transformers)."""
-    return engine(name).constructions

@@ -31,7 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pytest_kvaudit.core.model.engines import ANALYSES, CAPABILITIES, engine, lacks  # noqa: F401 (claims read)
+from pytest_kvaudit.core.model.engine_protocol import Engine
+from pytest_kvaudit.core.model.engines import ANALYSES, CAPABILITIES  # noqa: F401 (claims read)
 from pytest_kvaudit.core.model.schedules import extra_constructions, runs_forwards, schedule
 
 
@@ -46,7 +47,7 @@ class RunSettings(Protocol):
     @property
     def batch_size(self) -> int: ...
     @property
-    def backend(self) -> str: ...
+    def engine(self) -> Engine: ...
     @property
     def exact_items(self) -> int | None: ...
 
@@ -145,7 +146,7 @@ def all_constructions(cfg: RunSettings) -> tuple[Step, ...]:
     backend's own constructions (llama.cpp's ``warm`` and ``restore``, vLLM's ``warm`` and ``batched(B)`` with B
     the run's batch size; none for transformers)."""
     names = ("incremental", *extra_constructions(), *(f"chunked({c})" for c in cfg.chunks),
-             *engine(cfg.backend).constructions_at(cfg.batch_size))
+             *cfg.engine.constructions_at(cfg.batch_size))
     return (Step("prefill", "constructions", CONSTRUCTION, "prefill", keep=True),
             Step("prefill" + REPLICA, "replicas", CONSTRUCTION, "prefill"),
             *(Step(n, "constructions", CONSTRUCTION, n, bridge=n == "incremental") for n in names))
@@ -180,9 +181,9 @@ def unknown_needs(needs: Iterable[str], cfg: RunSettings) -> list[str]:
     return [n for n in needs if n not in GROUPS and n not in CAPABILITIES and n not in names]
 
 
-def lacked(backend: str, needs: Iterable[str]) -> list[str]:
-    """The needs that ``backend`` cannot compute (llama.cpp's state is read whole: no layers to sweep)."""
-    return [n for n in needs if n in CAPABILITIES and lacks(backend, n)]
+def lacked(engine: Engine, needs: Iterable[str]) -> list[str]:
+    """The needs that ``engine`` cannot compute (llama.cpp's state is read whole: no layers to sweep)."""
+    return [n for n in needs if n in CAPABILITIES and n in engine.lacks]
 
 
 def cell_steps(cfg: RunSettings) -> tuple[Step, ...]:

@@ -1,6 +1,7 @@
 """Every precision and K/V cache type ``--kvaudit-dtypes`` takes, declared once: its name, the aliases a user may
-type, the torch dtype a torch engine runs it in, the bytes one K/V value (or weight) takes, llama.cpp's cache
-type for it and whether its rounding is coarse enough that live and prefill are expected to differ.
+type, the torch dtype a torch engine runs it in, the bytes one K/V value (or weight) takes, and whether its
+rounding is coarse enough that live and prefill are expected to differ (an engine's own name for each, llama.cpp's
+ggml cache types for one, lives in the engine's folder).
 
 Before this table the same facts lived in five places (the parser's aliases, the loader's torch names, vLLM's
 copy of them, llama.cpp's cache types and the plan's byte sizes), and the plan's lacked ``q8_0``: a llama.cpp
@@ -28,8 +29,6 @@ class Precision:
     torch: str | None
     #: bytes per K/V value and per weight at this precision (q8_0: 34-byte blocks of 32 values)
     bytes: Fraction
-    #: llama.cpp's K/V cache type: (ggml type id, its name); None where llama.cpp has none
-    ggml: tuple[int, str] | None
     #: rounding coarse enough that live and prefill caches are expected to differ (the 2x2's low side)
     low: bool
 
@@ -38,13 +37,13 @@ class Precision:
         return math.ceil(values * self.bytes)
 
 
-#: the table, in the order the options list them; llama.cpp's ggml ids (its ``llama.py`` exports no BF16 id)
+#: the table, in the order the options list them
 PRECISIONS: tuple[Precision, ...] = (
-    Precision("bf16", ("bfloat16",), "bfloat16", Fraction(2), (30, "bf16"), True),
-    Precision("fp16", ("float16", "half"), "float16", Fraction(2), (1, "f16"), True),
-    Precision("fp32", ("float32", "float"), "float32", Fraction(4), (0, "f32"), False),
-    # a K/V cache type, not a compute dtype: llama.cpp's 8-bit quantized cache (refused by torch engines)
-    Precision("q8_0", (), None, Fraction(34, 32), (8, "q8_0"), True),
+    Precision("bf16", ("bfloat16",), "bfloat16", Fraction(2), True),
+    Precision("fp16", ("float16", "half"), "float16", Fraction(2), True),
+    Precision("fp32", ("float32", "float"), "float32", Fraction(4), False),
+    # a K/V cache type, not a compute dtype: an 8-bit quantized cache (llama.cpp's; refused by torch engines)
+    Precision("q8_0", (), None, Fraction(34, 32), True),
 )
 _BY_NAME = {p.name: p for p in PRECISIONS}
 _ALIASES = {a: p.name for p in PRECISIONS for a in (p.name, *p.aliases)}

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_kvaudit.core.compute.cells import prompt_ids
 from pytest_kvaudit.core.model.config import BoundaryRule
-from pytest_kvaudit.core.model.engines import engine
-from pytest_kvaudit.core.model.items import stopper, token_text
+from pytest_kvaudit.core.model.items import extract_answer, stopper, token_text
 from pytest_kvaudit.core.runtime.decoder import Cost, Decoder, continue_greedy, trajectory
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ def calibrate(store: Store, sample: int = SAMPLE) -> dict[str, Any]:
     precisions run last to first, so the model the store computes first stays loaded. Counted apart from the
     store's cost."""
     cfg, iset = store.cfg, store.item_set
-    timer = engine(cfg.backend).calibrator or forward_calibration
+    timer = cfg.engine.calibrator
     out: dict[str, Any] = {"sample": sample, "dtypes": {}}
     t_all = time.perf_counter()
     tokens = 0
@@ -81,7 +80,7 @@ def forward_calibration(h: Any, items: Sequence[Any], prompts: Sequence[Sequence
         # the trajectory's own prompt forward is charged at the prompt time just measured
         t_decode += max(0.0, time.perf_counter() - t2 - t_p)
         n_decode += cost.forward_calls - calls0 - 1
-        row = {"prompt": len(ids), "generated": len(tr.generated), "boundary": tr.boundary or 0,
+        row: dict[str, Any] = {"prompt": len(ids), "generated": len(tr.generated), "boundary": tr.boundary or 0,
                "eligible": tr.reason is None, "divergent": False}
         if tr.reason is None:
             head = list(tr.prefix[:-1])
@@ -89,6 +88,11 @@ def forward_calibration(h: Any, items: Sequence[Any], prompts: Sequence[Sequence
             suffix, _ = continue_greedy(dec, state, tr.prefix[-1], iset.max_new_tokens - (tr.boundary or 0))
             row["divergent"] = suffix != tr.suffix
             row["suffix"] = len(tr.suffix)
+            # the labels, as the cells extract them: a model right (or wrong) on every item has labels that cannot
+            # move, which the plan must see before it promises matched_construction a verdict
+            gen_head = list(tr.generated[: tr.boundary or 0])
+            row["right"] = [extract_answer(token_text(h.tokenizer, ids_), iset.answer_regex) == it.answer
+                            for ids_ in (list(tr.generated), gen_head + list(suffix))]
         rows.append(row)
     per_call = t_decode / n_decode if n_decode else 0.0
     n_p = len(rows) or 1

@@ -3,7 +3,7 @@ it a run reproduces every trajectory bit for bit, so the plan can state the forw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,6 @@ from pytest_kvaudit.core.cost import ledger as L
 from pytest_kvaudit.core.cost.pricing import Lengths, price_units, units_of_ledger
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.config import AuditConfig
-from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.pipeline import constructions
 from pytest_kvaudit.core.planning.unit_work import transplants_per_unit, work
 
@@ -50,7 +49,7 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     steps: dict[str, dict[str, list[int]]] = {}
     for d in cfg.dtypes:
         mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
-        acc = price_units([u for _, u in mine], engine(cfg.backend).request_price, doc["config"].get("max_new_tokens"))
+        acc = price_units([u for _, u in mine], cfg.engine.request_price, doc["config"].get("max_new_tokens"))
         batch = [t for i, u in mine if u.head is not None and (t := batch_tokens(u.head, index[i], lengths, cfg))]
         if batch:  # one forward of the padded batch each
             acc["batch_invariance"] = [len(batch), len(batch), sum(batch)]
@@ -66,8 +65,33 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     env_diffs = [x for x in L.identity_differences(doc, current, tokens_only=False) if x.startswith("environment.")]
     # a request-level engine's requests are priced by its model (a ledger holds lengths, not the cached tokens)
     exact = (not missing and not guessed and not env_diffs and not cfg.attn_axes and not cfg.cache_axes
-             and engine(cfg.backend).request_price is None)
+             and cfg.engine.request_price is None)
     return out | {"usable": not missing, "exact": exact, "steps": steps, "items_not_recorded": len(missing),
+                  "rows": recorded_rows(doc, order, prompts, cfg.dtypes),
                   "transplant_units_priced_by_model": guessed, "environment_differences": env_diffs,
                   "why": None if not missing
                   else f"{len(missing)} of {len(order)} items are not in the ledger at {path}"}
+
+
+def recorded_rows(doc: Mapping[str, Any], order: Sequence[str], prompts: Mapping[str, int | None],
+                  dtypes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per precision, the ledger's units of the run's items as the calibration's rows (lengths, eligibility,
+    divergence and both labels): every item of the run where the calibration sees its first few, so the rates a
+    strict gate is planned on (and whether labels can move at all) come from the whole set."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in dtypes:
+        rows = []
+        for item in order:
+            u = doc.get("units", {}).get(f"{item}@{d}")
+            if u is None:
+                continue
+            cs = u.get("constructions") or {}
+            live, pre = cs.get("live") or {}, cs.get("prefill") or {}
+            ok = u.get("reason") is None and bool(live) and bool(pre)
+            gen = len(str(u.get("generated") or "").split())
+            rows.append({"prompt": int(prompts[item] or 0), "boundary": int(u.get("boundary") or 0), "generated": gen,
+                         "eligible": ok, "divergent": ok and live.get("suffix") != pre.get("suffix"),
+                         "suffix": len(str(live.get("suffix") or "").split()) if ok else 0,
+                         "right": [bool(live.get("label")), bool(pre.get("label"))] if ok else None})
+        out[d] = rows
+    return out

@@ -34,6 +34,7 @@ from pytest_kvaudit.core.model.pipeline import exact_steps
 from pytest_kvaudit.core.model.precisions import named
 from pytest_kvaudit.core.planning.calibrate import SAMPLE, calibrate
 from pytest_kvaudit.core.planning.ledger_price import ledger_prediction
+from pytest_kvaudit.core.planning.strict_gate import most_items, selection_basis, strict_gate
 from pytest_kvaudit.core.planning.unit_work import transplants_per_unit, work
 from pytest_kvaudit.core.runtime.environment import environment
 
@@ -218,8 +219,11 @@ def make_plan(store: Store, asks: ClaimAsks, ledger: Path | None = None, workers
     # the ledger's lengths price this run only under the same stop rule (the item set's, as resolved)
     recorded = ledger_prediction(cfg.replace(stop_regex=iset.stop_regex), ledger, h.identity, env, prompt_of,
                                  shape["layers"])
-    lens = {d: [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"],
-                        m - r["boundary"]) for r in c["items"]] for d, c in cal["dtypes"].items()}
+    lens = {d: rows_lengths(c["items"], m) for d, c in cal["dtypes"].items()}
+    # the claims' rates: the ledger's units of every item where one applies, else the calibration's first items
+    recorded_rows = recorded.pop("rows", None) if recorded["usable"] and sample else None
+    basis_rows = {d: rows_lengths(r, m) for d, r in recorded_rows.items()} if recorded_rows else lens
+    recorded.pop("rows", None)
     most = bound(prompts, cfg, m, shape["layers"], bool(shape["recurrent"]))
     exp = expected(prompts, lens, cfg, shape["layers"]) if sample else {}
     calls_b, tokens_b = sums(most)
@@ -228,7 +232,7 @@ def make_plan(store: Store, asks: ClaimAsks, ledger: Path | None = None, workers
     calls_p, tokens_p = sums(predicted) if predicted is not None else (None, None)
     timed = seconds_parts(predicted, cal) if sample and predicted is not None else None
     bound_words = BOUND_WORDS if cfg.computes("transplants") else BOUND_WORDS.split(", every item divergent")[0]
-    return {
+    out: dict[str, Any] = {
         "items": len(prompts), "items_too_long": len(iset.items) - len(prompts), "precisions": list(cfg.dtypes),
         "max_new_tokens": m, "workers": workers, "model": shape,
         "cells": {d: {k: a[0] for k, a in steps.items()} for d, steps in most.items()},
@@ -245,6 +249,17 @@ def make_plan(store: Store, asks: ClaimAsks, ledger: Path | None = None, workers
         "memory": memory(shape, max(prompts, default=0) + m, cfg.dtypes, cfg.batch_size),
         "calibration": {"seconds": cal["seconds"], "forward_tokens": cal["forward_tokens"], "sample": sample,
                         **{d: {k: v for k, v in c.items() if k != "items"} for d, c in cal["dtypes"].items()}},
-        "claims": asks.verdicts(cfg, evidence(cfg, len(prompts), lens), lens),
+        "claims": asks.verdicts(cfg, evidence(cfg, len(prompts), basis_rows), basis_rows),
         "work": None if cfg.work is None else list(cfg.work),
     }
+    if sample:  # --kvaudit-plan: the strict gate these claims can pass on this item set
+        basis = selection_basis(basis_rows, recorded if recorded_rows else None)
+        out["strict_gate"] = strict_gate(out["claims"], most_items(iset), basis, cfg.exact_items)
+    return out
+
+
+def rows_lengths(rows: Sequence[Mapping[str, Any]], max_new: int) -> list[Lengths]:
+    """A calibration's (or a ledger's) rows as lengths, labels included where they are known."""
+    return [Lengths(r["prompt"], r["boundary"], r.get("suffix", 0), r["eligible"], r["divergent"], r["generated"],
+                    max_new - r["boundary"], tuple(r["right"]) if r.get("right") is not None else None)
+            for r in rows]

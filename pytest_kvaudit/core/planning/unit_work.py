@@ -9,7 +9,6 @@ from pytest_kvaudit.core.compute import probes
 from pytest_kvaudit.core.compute.transplants import Switches, continuations
 from pytest_kvaudit.core.cost.pricing import Lengths, add
 from pytest_kvaudit.core.model.config import AuditConfig
-from pytest_kvaudit.core.model.engines import engine
 from pytest_kvaudit.core.model.pipeline import FIXED, LIVE, LIVE_REPLICA, TRANSPLANT, constructions, replicates
 
 
@@ -37,7 +36,7 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     head = x.prompt + x.boundary - 1
     if replicates(cfg, index):
         add(acc, LIVE_REPLICA.name, *LIVE_REPLICA.price(x.prompt, x.gen))
-    priced = engine(cfg.backend).request_price or (lambda *_: None)
+    priced = cfg.engine.request_price or (lambda *_: None)
     budget = x.budget if x.budget is not None else x.suffix
     for step in constructions(cfg, index):  # those the run's work computes
         own = priced(step.name, x.prompt, head, x.suffix, budget)

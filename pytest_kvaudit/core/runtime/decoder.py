@@ -16,7 +16,6 @@ from pytest_kvaudit.core.model.config import BoundaryRule
 from pytest_kvaudit.core.model.items import find_boundary
 from pytest_kvaudit.core.model.schedules import schedule  # noqa: F401  (re-exported: the old home of schedule())
 from pytest_kvaudit.core.runtime import state as kv
-from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend
 
 
 @dataclass
@@ -61,9 +60,9 @@ class Decoder:
 
     def __init__(self, backend: Any, eos_ids: frozenset[int] | None = None, cost: Cost | None = None,
                  faults: Faults = NO_FAULTS, cache_kind: str = "dynamic", max_cache_len: int | None = None) -> None:
-        if not hasattr(backend, "step"):  # a model already in memory: the transformers backend over it
-
-            backend = TransformersBackend.of_model(backend, eos_ids or frozenset())
+        if not hasattr(backend, "step"):  # the core names no engine: the caller wraps a model in one
+            raise KvauditError(f"Decoder takes a backend, not a {type(backend).__name__}: wrap a model in memory with "
+                               "the transformers engine's TransformersBackend.of_model(model, eos_ids)")
         self.backend = backend
         self.eos_ids = backend.eos_ids if eos_ids is None else eos_ids
         self.cost = cost if cost is not None else Cost()

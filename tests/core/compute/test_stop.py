@@ -116,7 +116,7 @@ def test_a_ledger_with_a_stop_is_another_runs(runs: tuple[object, object]) -> No
 
 def test_vllm_cuts_its_suffixes_by_the_same_rule() -> None:
     """vLLM decodes to the budget; its suffixes (and their logit rows) are cut where a stopped decoder stops."""
-    from pytest_kvaudit.core.compute.vllm_cells import stopped
+    from pytest_kvaudit.core.requests.arithmetic import stopped
 
     def stop(ids: object) -> bool:
         return 3 in ids  # type: ignore[operator]

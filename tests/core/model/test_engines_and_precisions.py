@@ -7,10 +7,12 @@ from importlib import metadata
 
 import pytest
 
+from pytest_kvaudit.core.engine import EngineSpec
 from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model import engines
+from pytest_kvaudit.core.model.config import AuditConfig
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
-from pytest_kvaudit.core.model.engines import EngineSpec, engine, known, register_backend
+from pytest_kvaudit.core.model.engines import engine, known, register_backend
 from pytest_kvaudit.core.model.precisions import PRECISIONS, aliases, low_precision, named, parse_dtypes
 
 BUILTIN = ("llama.cpp", "transformers", "vllm")
@@ -51,7 +53,7 @@ def test_a_record_that_cannot_run_is_refused_in_one_line() -> None:
     with pytest.raises(KvauditError, match="unknown precision 'fp8'"):
         EngineSpec("x", _open, precisions=("fp8",))
     with pytest.raises(KvauditError, match="register_backend takes an EngineSpec, not str"):
-        register_backend("pytest_kvaudit.core.runtime.backends.transformers:open_spec")  # type: ignore[arg-type]
+        register_backend("pytest_kvaudit.engines.transformers.backend:open_spec")  # type: ignore[arg-type]
     with pytest.raises(KvauditError, match="not a known backend: use .*transformers"):
         engine("vllm-but-misspelt")
 
@@ -61,10 +63,36 @@ def test_a_registered_record_is_found_by_name_and_may_replace_an_entry_point() -
                                        lacks=frozenset({"per_layer"})))
     try:
         assert engine("a-test-engine") is spec and "a-test-engine" in known()
-        assert engines.lacks("a-test-engine",
-                             "per_layer") and engines.backend_constructions("a-test-engine") == ("restore",)
+        cfg = AuditConfig(backend="a-test-engine")  # the name resolved once, when the config is built
+        assert cfg.engine is spec and cfg.engine.constructions == ("restore",) and "per_layer" in cfg.engine.lacks
+        assert cfg.replace(backend="transformers").engine is engine("transformers")
+        assert cfg.replace(n=3).engine is spec and cfg.work_identity()["backend"] == "a-test-engine"
     finally:
         engines._REGISTERED.pop("a-test-engine")
+
+
+def test_a_record_fills_in_its_own_defaults_and_checks_its_settings() -> None:
+    """A field left out is the forward-level part, filled in by the record (no call site has a default of its
+    own); the engine args it takes are its own to say: none by default, any where it checks them itself."""
+    from pytest_kvaudit.core.compute import probes
+    from pytest_kvaudit.core.compute.cells import CellBuilder
+    from pytest_kvaudit.core.planning.calibrate import forward_calibration
+    from pytest_kvaudit.core.runtime import state
+
+    r = EngineSpec("x", _open)
+    assert (r.cell_builder, r.calibrator, r.state_reader, r.cache_probe) == (CellBuilder, forward_calibration, state,
+                                                                           probes.cache_probe)
+    assert r.check_settings(AuditConfig()) is None and r.check_engine_args((), "--kvaudit-engine-arg") == ()
+    with pytest.raises(KvauditError, match=r"^--kvaudit-engine-arg page_size: the x backend takes no such setting "
+                                           r"\(it takes: none\)$"):
+        r.check_engine_args((("page_size", "16"),), "--kvaudit-engine-arg")
+    keyed = EngineSpec("y", _open, engine_arg_keys=frozenset({"page_size", "num_blocks"}))
+    assert keyed.check_engine_args((("page_size", "16"),), "f") == (("page_size", "16"),)
+    with pytest.raises(KvauditError, match=r"takes no such setting \(it takes: num_blocks, page_size\)"):
+        keyed.check_engine_args((("block_size", "16"),), "f")
+    assert engine("vllm").engine_arg_keys is None  # any vllm.LLM argument: its own check reads them
+    with pytest.raises(KvauditError, match="the y backend runs no kind beyond dynamic"):
+        EngineSpec("y", _open, cache_kinds=()).check_cache_kinds(("static",))
 
 
 def test_an_entry_point_that_is_not_a_record_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,11 +112,14 @@ def test_each_precision_is_declared_once() -> None:
         parse_dtypes("fp8")
 
 
-def test_the_engines_read_the_table_instead_of_a_copy() -> None:
-    from pytest_kvaudit.core.runtime.backends.llamacpp import KV_TYPES
-    from pytest_kvaudit.core.runtime.backends.vllm_engine import DTYPES
+def test_each_engine_names_the_precisions_of_the_one_table() -> None:
+    """vLLM reads the shared table's torch names; llama.cpp's ggml cache types are its own (in its folder), one for
+    each precision its record runs, every one a precision of the table."""
+    from pytest_kvaudit.engines.llama_cpp.backend import KV_TYPES
+    from pytest_kvaudit.engines.vllm.engine import DTYPES
 
     assert KV_TYPES == {"bf16": (30, "bf16"), "fp16": (1, "f16"), "fp32": (0, "f32"), "q8_0": (8, "q8_0")}
+    assert engine("llama.cpp").precisions == tuple(KV_TYPES) and all(named(p).name == p for p in KV_TYPES)
     assert DTYPES == {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 

@@ -77,10 +77,10 @@ def test_a_request_level_record_is_priced_by_what_its_engine_counted() -> None:
     """vLLM's steps are requests: a batch's others, the whole-block and cross-request hits (and the request
     that writes the latter's blocks), a transplant that prefills again. Its records carry each request's
     counted cost; the run's price, a construction's and a group's are those, owned by the step that sent them."""
-    from pytest_kvaudit.core.compute.vllm_requests import request_price
     from pytest_kvaudit.core.cost.pricing import price
     from pytest_kvaudit.core.model.pipeline import construction_tokens, group_tokens, request_owner
     from pytest_kvaudit.core.model.records import CellRecord, Continuation
+    from pytest_kvaudit.engines.vllm.record import request_price
 
     rec = CellRecord("x", "bf16", (1,) * 40, (2,) * 20, 10, None, "3")
     for name in ("live", "prefill", "warm", "batched(4)"):

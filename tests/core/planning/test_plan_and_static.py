@@ -122,12 +122,12 @@ def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:
     from pytest_kvaudit.core.model.engine_protocol import OpenSpec
     from pytest_kvaudit.core.runtime import state as kv
     from pytest_kvaudit.core.runtime.decoder import Decoder
-    from pytest_kvaudit.core.runtime.loading import open_model
+    from pytest_kvaudit.engines.transformers.backend import open_spec
 
     torch.set_num_threads(1)
-    h = open_model(OpenSpec(str(tiny_llama), "fp32", "cpu"))
+    h = open_spec(OpenSpec(str(tiny_llama), "fp32", "cpu"))
     ids = [3, 4, 5, 6, 7, 8, 9]
-    static = Decoder(h.model, h.eos_ids, cache_kind="static", max_cache_len=32)
+    static = Decoder(h, h.eos_ids, cache_kind="static", max_cache_len=32)
     replay = static.build_state(ids, [4, 1, 1, 1])
     again = static.build_state(ids, [4, 1, 1, 1])
     assert [tuple(k.shape) for k, _ in kv.layer_kv(replay)] == [(1, 2, 7, 8)] * 2
@@ -138,7 +138,7 @@ def test_static_adapter_covers_filled_positions_only(tiny_llama: Path) -> None:
     # the receiver keeps its preallocated tensors (torch.compile relies on their addresses)
     assert moved.layers[0].keys.shape[-2] == 32
     # a dynamic donor into a static receiver, and back
-    dyn = Decoder(h.model, h.eos_ids).build_state(ids, [4, 1, 1, 1])
+    dyn = Decoder(h, h.eos_ids).build_state(ids, [4, 1, 1, 1])
     assert kv.fingerprint(kv.transplant(one_shot, dyn)) == kv.fingerprint(dyn)
     assert kv.fingerprint(kv.transplant(dyn, replay)) == kv.fingerprint(replay)
 

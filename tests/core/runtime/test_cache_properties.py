@@ -15,6 +15,7 @@ from pytest_kvaudit.core.errors import KvauditError  # noqa: E402
 from pytest_kvaudit.core.model.config import BoundaryRule  # noqa: E402
 from pytest_kvaudit.core.runtime import state as kv  # noqa: E402
 from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy, schedule, trajectory  # noqa: E402
+from pytest_kvaudit.engines.transformers.backend import TransformersBackend  # noqa: E402
 
 VOCAB = 23
 
@@ -43,7 +44,7 @@ def decode(ids: Any) -> str:
 
 def _run(cfg: tuple, prompt: list[int], k: int) -> tuple[Decoder, Any]:
     m = model(*cfg)
-    dec = Decoder(m, frozenset())  # no EOS: fixed-length generations
+    dec = Decoder(TransformersBackend.of_model(m), frozenset())  # no EOS: fixed-length generations
     tr = trajectory(dec, prompt, k + 6, BoundaryRule(tokens=k), decode, keep_state=True)
     return dec, tr
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from pytest_kvaudit.core.model.config import EMBEDDED_DIR, BoundaryRule
-from pytest_kvaudit.core.runtime.backends.transformers import open_backend
 from pytest_kvaudit.core.runtime.decoder import Decoder, continue_greedy, trajectory
 from pytest_kvaudit.core.runtime.lean_step import LeanStep, refusal
+from pytest_kvaudit.engines.transformers.backend import open_backend
 
 
 def _run(backend: Any, prompt: list[int], lean: bool) -> tuple[Any, ...]:

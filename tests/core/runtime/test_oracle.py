@@ -57,7 +57,7 @@ def _filled(backend: Any, ids: list[int], kind: str) -> Any:
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
 def embedded(request: pytest.FixtureRequest) -> Any:
-    from pytest_kvaudit.core.runtime.backends.transformers import open_backend
+    from pytest_kvaudit.engines.transformers.backend import open_backend
 
     return open_backend(str(EMBEDDED_DIR), request.param)
 
@@ -129,7 +129,7 @@ def test_a_sliding_window_layer_holds_the_last_positions(kind: str, permuted: bo
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The sliding layer's read is the oracle's last positions (as many as the layer holds), the full layer's all
     of them; the permuted read fails (its window is one block: reversed)."""
-    from pytest_kvaudit.core.runtime.backends.transformers import TransformersBackend
+    from pytest_kvaudit.engines.transformers.backend import TransformersBackend
 
     backend = TransformersBackend.of_model(_sliding_model())
     ids = _ids(32, 30)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvtest import run, setup_suite
+from pytest_kvaudit.core.engine import EngineSpec
 from pytest_kvaudit.core.errors import KvauditError
-from pytest_kvaudit.core.model.engines import EngineSpec, check, known, register_backend
+from pytest_kvaudit.core.model.engines import check, known, register_backend
 from pytest_kvaudit.core.runtime.backends import open_backend
 
 
@@ -33,7 +34,7 @@ def test_the_transformers_backend_loads_with_identity(tiny_llama: Path) -> None:
     state = b.fresh()
     logits = b.step(b.encode("1+2=")[:3], state)
     assert logits.shape[-1] == b.vocab_size and b.decode([0]) == b.tokenizer.decode([0], skip_special_tokens=False)
-    from pytest_kvaudit.core.runtime.backends.transformers import open_spec
+    from pytest_kvaudit.engines.transformers.backend import open_spec
 
     register_backend(EngineSpec("twin", open_spec))
     assert open_backend("twin", str(tiny_llama), "fp32", "cpu").identity == b.identity
