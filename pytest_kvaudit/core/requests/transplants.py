@@ -50,10 +50,11 @@ def transplant_plan(identical_layers: Sequence[int],
 
 
 def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequence[int], budget: int) -> Any:
-    """Continue from ``state`` over ``prefix[:-1]``: one cold request prefills ``prefix[:-1]``, then, between that
-    step and the first decode step (which feeds ``prefix[-1]``, forced), ``state`` is written over the request's
-    blocks, every position of ``prefix[:-1]`` and no other (the tail of a partial last block included). Returns the
-    continuation (its tokens after ``prefix[-1]``)."""
+    """Continue from ``state`` over ``prefix[:-1]``: one cold request prefills ``prefix[:-1]`` (in one step, or in
+    several under a small token budget), then, between its last prefill step and the first decode step (which
+    feeds ``prefix[-1]``, forced), ``state`` is written over the request's blocks, every position of ``prefix[:-1]``
+    and no other (the tail of a partial last block included). Returns the continuation (its tokens after
+    ``prefix[-1]``)."""
     h = len(prefix) - 1
     n = -(-h // b.block)
     if state.positions != h:
@@ -65,9 +66,9 @@ def continue_warm(b: Any, rec: CellRecord, path: str, state: Any, prefix: Sequen
         fired = b.be.hooks.between is None
     finally:
         b.be.hooks.between = None
-    if d.cached or len(d.steps) < 2 or d.steps[0][0] != h:
-        raise KvauditError(f"{b.cfg.engine.name}: {path} did not prefill prefix[:-1] in one step before decoding "
-                           f"(cached {d.cached}, steps {[s for s, _ in d.steps[:3]]})")
+    if d.cached or sum(d.prefill_chunks) != h or len(d.steps) <= len(d.prefill_chunks):
+        raise KvauditError(f"{b.cfg.engine.name}: {path} did not prefill prefix[:-1] before decoding "
+                           f"(cached {d.cached}, steps {[s for s, _ in d.steps[:4]]})")
     # the proof: once the request is done, its blocks hold exactly what was written over prefix[:-1]
     if not fired or b.kv.fingerprint(b.be.read(d.blocks, h)) != b.kv.fingerprint(state):
         raise KvauditError(f"{b.cfg.engine.name}: {path}: the written K/V did not hold in the request's blocks (the "

@@ -46,6 +46,7 @@ from pytest_kvaudit.engines.vllm.engine import (
     eos_ids,
     internal,
     load_vllm,
+    refusal,
 )
 from pytest_kvaudit.engines.vllm.ranks import Ranks
 
@@ -86,8 +87,7 @@ class VllmBackend:
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as exc:
             if not self.engine_args:
                 raise
-            said = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-            raise KvauditError(f"vllm.LLM refused --kvaudit-engine-arg {self.engine_args}: {said}") from exc
+            raise refusal(self.engine_args, exc) from exc
         self.load_seconds = round(time.perf_counter() - t0, 3)
         self.version = vllm.__version__
         core = internal(self.llm, "llm_engine.engine_core.engine_core")

@@ -88,13 +88,15 @@ class SchedulerHooks:
     def __init__(self, scheduler: Any) -> None:
         self.freed: dict[str, list[int]] = {}
         self.steps: list[dict[str, int]] = []
-        #: called once with the first request's blocks between the call's first engine step and its second (a
-        #: transplant: the prompt's K/V written over after its prefill, before the first decode step reads them).
-        #: It runs when the first step's output is taken (``update_from_output``), not at the next ``schedule``:
-        #: the engine may call ``schedule`` again (empty) while that step still executes (its batch queue), and a
-        #: write then lands under the prefill's own, layer by layer
+        #: called once with the first request's blocks between the engine step that completes its prompt and the
+        #: next (a transplant: the prompt's K/V written over after its prefill, before the first decode step reads
+        #: them); under a small token budget (``max_num_batched_tokens``) the prompt takes several steps, and the
+        #: blocks are the manager's once it is whole. It runs when that step's output is taken
+        #: (``update_from_output``), not at the next ``schedule``: the engine may call ``schedule`` again (empty)
+        #: while that step still executes (its batch queue), and a write then lands under the prefill's own
         self.between: Callable[[list[int]], None] | None = None
-        self.first_blocks: list[int] = []
+        self.first_id: str | None = None
+        self.first_left = 0  # prompt tokens of the first request its steps have not computed yet
         free, schedule = internal(scheduler, "_free_request_blocks"), internal(scheduler, "schedule")
         update = internal(scheduler, "update_from_output")
         manager = internal(scheduler, "kv_cache_manager")
@@ -108,17 +110,22 @@ class SchedulerHooks:
 
         def scheduling(*a: Any, **kw: Any) -> Any:
             out = schedule(*a, **kw)
-            if not self.first_blocks and out.scheduled_new_reqs:
-                self.first_blocks = list(out.scheduled_new_reqs[0].block_ids[0])
+            if self.first_id is None and out.scheduled_new_reqs:
+                first = out.scheduled_new_reqs[0]
+                self.first_id = first.req_id
+                self.first_left = len(first.prompt_token_ids or ()) - int(first.num_computed_tokens)
             if out.num_scheduled_tokens:  # an empty schedule (nothing ready while a step runs) is no step
                 self.steps.append(dict(out.num_scheduled_tokens))
             return out
 
         def updating(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
             result = update(scheduler_output, *a, **kw)
-            if self.between is not None and self.first_blocks and scheduler_output.num_scheduled_tokens:
-                fn, self.between = self.between, None  # the first step executed: its K/V are in the blocks
-                fn(self.first_blocks)
+            done = scheduler_output.num_scheduled_tokens.get(self.first_id, 0) if self.first_id else 0
+            if done and self.first_left > 0:
+                self.first_left -= done
+                if self.first_left <= 0 and self.between is not None:  # its prompt's K/V are all in the blocks
+                    fn, self.between = self.between, None
+                    fn(list(manager.get_block_ids(self.first_id)[0]))
             return result
 
         scheduler._free_request_blocks = freeing
@@ -128,7 +135,7 @@ class SchedulerHooks:
     def clear(self) -> None:
         self.freed.clear()
         self.steps.clear()
-        self.first_blocks = []
+        self.first_id, self.first_left = None, 0
 
 
 def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
@@ -140,6 +147,56 @@ def eos_ids(path: Path, tokenizer: Any) -> frozenset[int]:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(int(i) for i in ids)
+
+
+ARG = "--kvaudit-engine-arg"
+#: pydantic's pointer to its docs: the last line of every refusal, and no reason
+_URL = "errors.pydantic.dev"
+
+
+def said(exc: BaseException) -> str:
+    """vLLM's reason in one line: each pydantic error as ``Config.field: message (given value)``, else the first
+    line of the message that is not pydantic's URL. A wrapped error is looked for along ``__cause__``."""
+    seen: BaseException | None = exc
+    while seen is not None and not (callable(getattr(seen, "errors", None)) and hasattr(seen, "title")):
+        seen = seen.__cause__
+    if seen is not None:
+        parts = []
+        for err in seen.errors():  # type: ignore[attr-defined]
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            msg = _short(str(err.get("msg", "")).removeprefix("Value error, "))
+            given = f" (given {err['input']!r})" if loc and isinstance(err.get("input"), str | int | float) else ""
+            parts.append(f"{seen.title}{'.' + loc if loc else ''}: {msg}{given}")  # type: ignore[attr-defined]
+        text = "; ".join(parts)
+    else:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and _URL not in ln]
+        text = _short(lines[0]) if lines else type(exc).__name__
+    return text[:600]
+
+
+def _short(msg: str) -> str:
+    """A long message's first sentence: vLLM's advice after it is about its own flags and environment."""
+    first = msg.split(". ")[0]
+    return (first if len(msg) > 160 and len(first) >= 40 else msg).rstrip(".")
+
+
+def named(args: dict[str, str], text: str) -> str:
+    """The settings a refusal is about: those whose key (or its words) it names, else all of them."""
+    low = text.lower()
+    hit = {k: v for k, v in args.items() if k in low or k.replace("_", " ") in low
+           or any(part and k.endswith(part) for part in _fields(low))}
+    return " ".join(f"{k}={v}" for k, v in sorted((hit or args).items()))
+
+
+def _fields(text: str) -> list[str]:
+    """``Config.field`` words in a refusal (``CacheConfig.cache_dtype`` for ``kv_cache_dtype``)."""
+    return [w.split(".", 1)[1].rstrip(":") for w in text.split() if "config." in w and "." in w]
+
+
+def refusal(args: dict[str, str], exc: BaseException) -> KvauditError:
+    """One line for a setting vLLM refused, naming it and vLLM's reason."""
+    reason = said(exc)
+    return KvauditError(f"{ARG} {named(args, reason)}: vLLM refuses it: {reason}")
 
 
 def engine_value(text: str) -> Any:

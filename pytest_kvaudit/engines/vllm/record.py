@@ -10,7 +10,7 @@ from pytest_kvaudit.core.engine.record import EngineSpec
 from pytest_kvaudit.core.model.engine_constructions import BATCHED, WARM
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
 from pytest_kvaudit.core.requests import arithmetic, state
-from pytest_kvaudit.engines.vllm import backend, calibrate, lossy
+from pytest_kvaudit.engines.vllm import backend, calibrate, lossy, settings
 from pytest_kvaudit.engines.vllm.cells import VllmCellBuilder
 from pytest_kvaudit.engines.vllm.engine import DEFAULT_ENGINE_ARGS
 
@@ -37,4 +37,5 @@ VLLM = EngineSpec(backend.NAME, _open_vllm, level="request", constructions=(WARM
                   lacks=frozenset({"layer_sweep", "batch_invariance"}), cell_builder=VllmCellBuilder,
                   calibrator=calibrate.calibrate, state_reader=state, request_price=request_price,
                   cache_kinds=(lossy.KIND,), cache_probe=lossy.cache_probe, cache_kinds_said=lossy.SAID,
-                  engine_arg_keys=None)  # any vllm.LLM / EngineArgs argument: the engine checks them as it loads
+                  engine_arg_keys=None,  # any vllm.LLM / EngineArgs argument, checked by its own config:
+                  check_settings=settings.check_settings)

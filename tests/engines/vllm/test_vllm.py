@@ -187,16 +187,19 @@ DIVERGE = ("from pytest_kvaudit.core.runtime.decoder import Faults\n\n"
            "def diverge(state, path):\n    if path == 'prefill':\n        state.layers[-1].mul_(-2.0)\n\n")
 
 
-@pytest.mark.parametrize("copies", [True, False], ids=["transplant", "copies-nothing"])
+@pytest.mark.parametrize("copies", [True, False], ids=["transplant-budget-32", "copies-nothing"])
 def test_donor_following_judges_transplants_into_cached_blocks(pytester: pytest.Pytester,
                                                                monkeypatch: pytest.MonkeyPatch,
                                                                copies: bool) -> None:
+    """The transplants run under a user's small token budget per step (``max_num_batched_tokens=32``: the ~38-id
+    prefixes prefill in two steps, and the write lands after the second), and still give the verdict."""
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     transplant = "" if copies else ", transplant=nothing"
     _suite(pytester, DIVERGE + "def nothing(receiver, donor, layers, parts):\n    return receiver.clone()\n\n"
                      f"def pytest_kvaudit_faults(config):\n    return Faults(state=diverge{transplant})\n")
+    budget = ("--kvaudit-engine-arg", "max_num_batched_tokens=32") if copies else ()
     res, data = _run(pytester, "--kvaudit-n=4", "--kvaudit-dtypes=bf16", "--kvaudit-claims=donor_following",
-                     f"--kvaudit-boundary={BOUNDARY}")
+                     f"--kvaudit-boundary={BOUNDARY}", *budget)
     d = data["claims"]["donor_following"]
     assert d["n"] > 0 and d["status"] == ("pass" if copies else "fail"), (d, res.stdout.str()[-2000:])
     assert d["figures"]["sham_flips"][1] > 0 and d["figures"]["sham_flips"][0] == 0
