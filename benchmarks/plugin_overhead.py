@@ -71,17 +71,11 @@ def spread(xs: list[float]) -> dict[str, float]:
             "q3": round(1000 * q[2], 1), "min": round(1000 * min(xs), 1), "max": round(1000 * max(xs), 1)}
 
 
-def paired(cwd: Path, env: dict[str, str], workers: str, pairs: int) -> dict[str, Any]:
+def summary(workers: str, runs: dict[bool, list[tuple[float, float]]]) -> dict[str, Any]:
     procs = 1 if workers == "0" else 1 + int(workers)
-    timed(cwd, env, workers, True)  # warm the file cache and the bytecode, both arms
-    timed(cwd, env, workers, False)
-    runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    for i in range(pairs):
-        for plugin in ((True, False) if i % 2 == 0 else (False, True)):
-            runs[plugin].append(timed(cwd, env, workers, plugin))
     wall_d = [a[0] - b[0] for a, b in zip(runs[True], runs[False])]
     cpu_d = [(a[1] - b[1]) / procs for a, b in zip(runs[True], runs[False])]
-    out = {"workers": workers, "processes": procs, "pairs": pairs,
+    out = {"workers": workers, "processes": procs, "pairs": len(wall_d),
            "wall_with_ms": spread([w for w, _ in runs[True]]), "wall_without_ms": spread([w for w, _ in runs[False]]),
            "wall_difference_ms": spread(wall_d), "cpu_difference_per_process_ms": spread(cpu_d)}
     out["ok"] = (out["wall_difference_ms"]["median"] <= TARGET_MS
@@ -95,7 +89,7 @@ def import_cost(env: dict[str, str], repeats: int) -> dict[str, Any]:
     cums, modules = [], []
     for _ in range(repeats):
         res = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True,
-                             check=True)
+                             check=True, cwd=tempfile.gettempdir())  # not a checkout: "" on sys.path finds none
         rows = [line.split("|") for line in res.stderr.splitlines() if line.startswith("import time:")]
         # "import time: self | cumulative | <two spaces a nesting level>name"; the package and its plugin module
         # are imported at the top level, everything of kvaudit's else beneath them
@@ -107,7 +101,7 @@ def import_cost(env: dict[str, str], repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--pairs", type=int, default=30, help="0: the plugin's import time alone")
     ap.add_argument("--workers", default="0,2", help="comma list of -n values")
     ap.add_argument("--source", type=Path, default=None, help="measure this checkout's package (PYTHONPATH)")
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
@@ -117,11 +111,29 @@ def main() -> None:
                            "machine": machine(), "source": str(a.source or REPO),
                            "load_average_start": round(os.getloadavg()[0], 2)}
     res["import"] = import_cost(env, 11)
+    if a.pairs == 0:  # the import alone
+        res["runs"] = []
+        report(res, a.out)
+        return
+    modes = [w.strip() for w in a.workers.split(",")]
+    runs: dict[str, dict[bool, list[tuple[float, float]]]] = {w: {True: [], False: []} for w in modes}
     with tempfile.TemporaryDirectory() as d:
         cwd = Path(d)
         (cwd / "pytest.ini").write_text("[pytest]\n")  # the temp dir is the rootdir: no project's config
         (cwd / "test_trivial.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
-        res["runs"] = [paired(cwd, env, w.strip(), a.pairs) for w in a.workers.split(",")]
+        for w in modes:  # warm the file cache and the bytecode, both arms
+            timed(cwd, env, w, True)
+            timed(cwd, env, w, False)
+        for i in range(a.pairs):  # the modes interleaved too, so that a stopped run still has both
+            for w in modes:
+                for plugin in ((True, False) if i % 2 == 0 else (False, True)):
+                    runs[w][plugin].append(timed(cwd, env, w, plugin))
+            res["runs"] = [summary(w, runs[w]) for w in modes]
+            report(res, a.out)
+
+
+def report(res: dict[str, Any], out: Path | None) -> None:
+    """Print (and write, after every pair: a run cut short keeps what it measured) the figures so far."""
     res["load_average_end"] = round(os.getloadavg()[0], 2)
     lines = [f"{res['command']}", f"machine: {res['machine']['cpu']}, {res['machine']['cores']} cores; "
              f"{res['machine']['date']}; load average {res['load_average_start']} at start, "
@@ -138,11 +150,11 @@ def main() -> None:
                   f"  paired CPU difference a process: median {c['median']} ms (quartiles {c['q1']} .. {c['q3']}, "
                   f"range {c['min']} .. {c['max']})",
                   f"  target: within {TARGET_MS:.0f} ms a process: {'ok' if r['ok'] else 'MISSED'}"]
-    print("\n".join(lines))
-    if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(res, indent=2) + "\n")
-        a.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2) + "\n")
+        out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
