@@ -7,7 +7,8 @@ A page marks a command with a shell comment that a reader sees too, trailing the
 (then it marks every command below it in the block):
 
 - ``# expensive: WHY`` -- CI runs it with a smaller n (``--kvaudit-n``, ``--n``, or ``N=`` for a results script);
-- ``# fails: WHY`` -- it runs as written and must exit 1: the page shows a finding, a claim that fails;
+- ``# fails: WHY`` -- it runs as written and must exit 1: the page shows a finding, a claim that fails (a BF16
+  finding that this CPU does not show at the page's n exits 0: listed as skipped with that reason);
 - ``# CI skips: WHY`` -- CI lists it as skipped, with WHY as the reason (a GPU, a checkpoint of yours, a server,
   CI's own command).
 
