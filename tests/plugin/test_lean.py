@@ -41,7 +41,9 @@ def pytest_sessionfinish(session):
 def run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """pytest in ``folder`` as a user's project runs it: no kvaudit option (the self-tests' PYTEST_ADDOPTS names
     one), bytecode as it is."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    # under ``pytest -n 2`` this test's own process is an xdist worker: its PYTEST_XDIST_* variables would name the
+    # child's processes after it (the spy writes by PYTEST_XDIST_WORKER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS" and not k.startswith("PYTEST_XDIST")}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
