@@ -5,6 +5,7 @@ laid out as a user has them, a run through the plugin with its JSON report, and 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,12 @@ def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunRe
                                         "-p", "no:cacheprovider", "-rs", *args)
     data = json.loads(report.read_text()) if report.exists() else {}
     return res, data
+
+
+def flat(text: str) -> str:
+    """A run's terminal output with the claims table's wrapped detail lines joined (a word cut at its hyphen is
+    made whole), so a test can look for a figure wherever the 120-column table wrapped it."""
+    return re.sub(r"\s+", " ", re.sub(r"(?<=-)\n\s+", "", text))
 
 
 def statuses(data: dict) -> dict[str, str]:
