@@ -3,8 +3,10 @@
 token for token, in two workloads where sharing hits:
 
 - ``system``: N questions behind one long system prompt (every request shares its first pages);
-- ``turns``: N two-turn chats, the second turn served after the first (its prompt is the first turn, its
-  answer and a new question: the second request hits the pages the first one left cached).
+- ``turns``: N two-turn chats on one persistent manager: the first turns are served, then the second turns (the
+  first turn, one fixed answer and a new question) on the same manager, so a second turn hits the pages its
+  first turn left cached. The answers in the second turns' prompts are the same for both settings (those of the
+  sharing-off run), so only sharing differs.
 
 The token budget per step (``max_batch_tokens``) is small, so requests are admitted over several steps and later
 ones hit pages earlier ones wrote (requests scheduled in the same step never hit each other).
@@ -32,7 +34,8 @@ def questions(n: int) -> list[str]:
     return [f"What is {17 + 7 * i} plus {29 + 11 * i} plus {3 + 5 * i}?" for i in range(n)]
 
 
-def serve(model: Any, prompts: list[list[int]], sharing: bool, new: int, page: int) -> list[list[int]]:
+def serve(model: Any, prompts: list[list[int]], sharing: bool, new: int, page: int,
+          keep: bool = False) -> list[list[int]]:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -40,7 +43,8 @@ def serve(model: Any, prompts: list[list[int]], sharing: bool, new: int, page: i
                            pad_token_id=0)
     cbc = ContinuousBatchingConfig(page_size=page, num_blocks=1024, max_batch_tokens=256, allow_block_sharing=sharing,
                                    use_cuda_graph=False, auto_switch_to_flash=False)
-    out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cbc, warmup=False)
+    out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cbc, warmup=False,
+                               persistent_manager=keep)
     return [list(r.generated_tokens) for r in out.values()]
 
 
@@ -52,13 +56,16 @@ def chat(tok: Any, turns: list[tuple[str, str]], question: str) -> list[int]:
     return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-def workloads(model: Any, tok: Any, n: int, sharing: bool, new: int, page: int) -> dict[str, list[list[int]]]:
+def workloads(model: Any, tok: Any, n: int, sharing: bool, new: int, page: int,
+              answers: list[str]) -> dict[str, list[list[int]]]:
     qs = questions(2 * n)
     first = [chat(tok, [], q) for q in qs[:n]]
     system = serve(model, first, sharing, new, page)
-    answers = [tok.decode(a, skip_special_tokens=True) for a in system]
-    second = [chat(tok, [(q, a)], q2) for q, a, q2 in zip(qs[:n], answers, qs[n:])]
-    return {"system": system, "turns": serve(model, second, sharing, new, page)}
+    second = [chat(tok, [(q, a)], q2) for q, a, q2 in zip(qs[:n], answers or [""] * n, qs[n:])]
+    serve(model, first, sharing, new, page, keep=True)  # the first turns, their pages left cached
+    turns = serve(model, second, sharing, new, page, keep=False)  # the same manager: second turns hit them
+    model.destroy_cached_continuous_batching_manager()
+    return {"system": system, "turns": turns}
 
 
 def main() -> None:
@@ -75,7 +82,10 @@ def main() -> None:
     for dtype in ("bf16", "fp32"):
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
-        on, off = (workloads(model, tok, n, s, new, page) for s in (True, False))
+        first = [chat(tok, [], q) for q in questions(n)]
+        answers = [tok.decode(a, skip_special_tokens=True) for a in serve(model, first, False, new, page)]
+        off = workloads(model, tok, n, False, new, page, answers)
+        on = workloads(model, tok, n, True, new, page, answers)
         for w in ("system", "turns"):
             changed = sum(a != b for a, b in zip(on[w], off[w]))
             result[f"{dtype}_{w}"] = [changed, n]
