@@ -263,3 +263,13 @@ def test_the_site_config_and_the_notes_folder_speak_of_the_project_not_its_team(
         assert WORKFLOW.findall(f.read_text()) == [], f
     assert WORKFLOW.findall("the helpers' notes wait for the integrator; each branch") == [
         "helpers", "integrator", "branch"]
+
+
+#: a merge's conflict markers, left on a line of their own
+CONFLICT = re.compile(r"^(?:<{7}|={7}|>{7})(?: |$)", re.M)
+
+
+def test_no_page_keeps_a_merge_conflict_marker() -> None:
+    """A conflict resolved by hand once left README's first-run excerpt with a ``=======`` line and two summaries."""
+    assert [str(p.relative_to(REPO)) for p in all_pages() if CONFLICT.search(p.read_text())] == []
+    assert CONFLICT.search("a\n=======\nb") and not CONFLICT.search("==== 2 passed ====")
