@@ -10,7 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Done", "Hooks", "Request", "RequestBackend"]
+from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.core.model.items import token_text
+
+__all__ = ["Done", "Hooks", "Request", "RequestBackend", "ServesRequests"]
 
 #: one request: its prompt ids, ``max_tokens``, the ids it forces as decode steps, and optionally its stop rule
 #: (:func:`.arithmetic.stop_rule`'s dict, read by :class:`.stop.StopRow`)
@@ -87,3 +90,35 @@ class RequestBackend(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
     def shape(self) -> dict[str, int]: ...
+
+
+class ServesRequests:
+    """What every request-level backend says the same way, written once: it runs no forward on a caller's cache
+    (the forward-level protocol's ``step``, ``fresh`` and ``step_batch`` are refused), its tokenizer encodes and
+    decodes, and a read or write of ``positions`` needs that many positions' blocks. A backend sets ``engine``
+    (its name, for messages), ``tokenizer`` and ``block_size``."""
+
+    engine: str
+    tokenizer: Any
+    block_size: int
+
+    def step(self, ids: Sequence[int], state: Any) -> Any:
+        raise UnsupportedCacheError(f"the {self.engine} backend serves requests: it runs no forward on a caller's "
+                                    "cache")
+
+    fresh = step_batch = step
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return token_text(self.tokenizer, ids)
+
+    def blocks_for(self, positions: int, blocks: Sequence[int], unit: str = "blocks") -> Sequence[int]:
+        """The blocks that hold the first ``positions`` positions (a partial last one included), or one line saying
+        the request held too few."""
+        n = -(-positions // self.block_size)
+        if n > len(blocks):
+            raise KvauditError(f"{self.engine}: {positions} positions need {n} {unit}, the request held "
+                               f"{len(blocks)}")
+        return blocks[:n]

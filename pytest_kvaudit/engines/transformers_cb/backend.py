@@ -22,10 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
+from pytest_kvaudit.core.errors import KvauditError
 from pytest_kvaudit.core.model.engine_protocol import OpenSpec
-from pytest_kvaudit.core.model.items import token_text
-from pytest_kvaudit.core.requests.protocol import Done
+from pytest_kvaudit.core.requests.protocol import Done, ServesRequests
 from pytest_kvaudit.core.requests.state import PagedState
 from pytest_kvaudit.core.requests.stop import StopRow
 from pytest_kvaudit.core.runtime.loading import open_model
@@ -38,9 +37,10 @@ WAIT = 600.0
 _ATTN = {None: "sdpa", "auto": "sdpa", "sdpa": "sdpa", "eager": "paged|eager"}
 
 
-class CbBackend:
+class CbBackend(ServesRequests):
     """One checkpoint at one precision in one continuous-batching manager, request level."""
 
+    engine = NAME
     per_layer = True
     constructions: tuple[str, ...] = ()
 
@@ -137,42 +137,27 @@ class CbBackend:
     def read(self, blocks: Sequence[int], positions: int) -> PagedState:
         """The K/V of the first ``positions`` positions held in ``blocks``, every layer: as they were when the
         request of the last call that held them finished, else as the pages hold them now."""
-        n = -(-positions // self.block_size)
-        if n > len(blocks):
-            raise KvauditError(f"{NAME}: {positions} positions need {n} pages, the request held {len(blocks)}")
+        pages = self.blocks_for(positions, blocks, "pages")
         job = self._held.get(tuple(blocks))
         if job is not None and job.pages is not None:
             layers = job.pages
         else:
             with self._paused():
-                layers = self.hooks.read_pages(blocks[:n])
+                layers = self.hooks.read_pages(pages)
         return PagedState([t[:, :, :positions].clone() for t in layers], positions, self.block_size)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
         """Overwrite the cells of ``state``'s positions in ``blocks``, every layer (a partial last page up to the
         state's last position); from the loop's own thread (between two steps) or while it is paused."""
-        n = -(-state.positions // self.block_size)
-        if n > len(blocks):
-            raise KvauditError(f"{NAME}: {state.positions} positions need {n} pages, the request held {len(blocks)}")
+        pages = self.blocks_for(state.positions, blocks, "pages")
         if threading.current_thread() is getattr(self.manager, "_generation_thread", None):
-            self.hooks.write_pages(blocks[:n], state.layers, state.positions)
+            self.hooks.write_pages(pages, state.layers, state.positions)
         else:
             with self._paused():
-                self.hooks.write_pages(blocks[:n], state.layers, state.positions)
+                self.hooks.write_pages(pages, state.layers, state.positions)
         self._held = {}
 
-    # -- the protocol's remaining words ----------------------------------------------------------
-    def step(self, ids: Sequence[int], state: Any) -> Any:
-        raise UnsupportedCacheError(f"the {NAME} backend serves requests: it runs no forward on a caller's cache")
-
-    fresh = step_batch = step
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return token_text(self.tokenizer, ids)
-
+    # -- the protocol's remaining words (``step``, ``encode``, ``decode``: :class:`ServesRequests`) ------------
     def shape(self) -> dict[str, int]:
         c = self.model.config.get_text_config()
         heads = int(c.num_attention_heads)

@@ -29,9 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_kvaudit.core.errors import KvauditError, UnsupportedCacheError
-from pytest_kvaudit.core.model.items import token_text
-from pytest_kvaudit.core.requests.protocol import Done, Request
+from pytest_kvaudit.core.errors import KvauditError
+from pytest_kvaudit.core.requests.protocol import Done, Request, ServesRequests
 from pytest_kvaudit.core.requests.state import PagedState
 from pytest_kvaudit.core.runtime.loading import load_tokenizer, model_identity, read_config
 from pytest_kvaudit.engines.vllm.engine import (
@@ -53,10 +52,11 @@ from pytest_kvaudit.engines.vllm.ranks import Ranks
 __all__ = ["NAME", "PINNED", "Done", "Request", "VllmBackend", "internal", "open_backend"]
 
 
-class VllmBackend:
+class VllmBackend(ServesRequests):
     """One checkpoint at one precision in one in-process vLLM engine, request level
     (:class:`pytest_kvaudit.core.model.engine_protocol.Backend`)."""
 
+    engine = NAME
     per_layer = True
     #: its constructions are requests: :mod:`pytest_kvaudit.core.requests.cells` builds them
     constructions: tuple[str, ...] = ()
@@ -163,31 +163,15 @@ class VllmBackend:
     # -- blocks --------------------------------------------------------------------------------
     def read(self, blocks: Sequence[int], positions: int) -> Any:
         """The K/V of the first ``positions`` positions held in ``blocks``, every layer, from every rank."""
-        n = -(-positions // self.block_size)
-        if n > len(blocks):
-            raise KvauditError(f"{NAME}: {positions} positions need {n} blocks, the request held {len(blocks)}")
-        return PagedState(self.ranks.read(blocks[:n], positions), positions, self.block_size, self.ranks.tp)
+        return PagedState(self.ranks.read(self.blocks_for(positions, blocks), positions), positions, self.block_size,
+                          self.ranks.tp)
 
     def write(self, blocks: Sequence[int], state: Any) -> None:
         """Overwrite the cells of ``state``'s positions in ``blocks``, every layer, on every rank (a partial last
         block is written up to the state's last position)."""
-        n = -(-state.positions // self.block_size)
-        if n > len(blocks):
-            raise KvauditError(f"{NAME}: {state.positions} positions need {n} blocks, the request held {len(blocks)}")
-        self.ranks.write(blocks[:n], state.layers)
+        self.ranks.write(self.blocks_for(state.positions, blocks), state.layers)
 
-    # -- the protocol's remaining words ----------------------------------------------------------
-    def step(self, ids: Sequence[int], state: Any) -> Any:
-        raise UnsupportedCacheError(f"the {NAME} backend serves requests: it runs no forward on a caller's cache")
-
-    fresh = step_batch = step
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return token_text(self.tokenizer, ids)
-
+    # -- the protocol's remaining words (``step``, ``encode``, ``decode``: :class:`ServesRequests`) ------------
     def shape(self) -> dict[str, int]:
         lay = self.ranks.layout
         return {"layers": int(self.ranks.info[0]["layers"]), "kv_heads": lay.kv_heads * self.ranks.tp,
