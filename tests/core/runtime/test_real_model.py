@@ -15,13 +15,13 @@ import pytest
 #: items are the kinds whose boundary SmolLM2 reaches within 11 tokens (the word problem takes 20-50)
 ITEMS, MAX_NEW_TOKENS = 3, 16
 CLAIMS = ("replica_exactness", "bridge_bitexact", "fixed_prefix_2x2")
-#: bars three units can clear: the FP32 Wilson upper bound at 0/3 is 0.56
+#: bars three units can clear: the FP32 one-sided 97.5% Clopper-Pearson upper bound at 0/3 is 0.71
 BARS = """
 [pytest]
 kvaudit_thresholds =
     replica_exactness.min_units=3
     bridge_bitexact.min_units=3
-    fixed_prefix_2x2.max_rate=0.6
+    fixed_prefix_2x2.max_rate=0.75
     fixed_prefix_2x2.min_recurring=1
 """
 
