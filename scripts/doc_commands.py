@@ -6,8 +6,8 @@ written there, never as a copy in a test. ``python scripts/doc_commands.py`` pri
 A page marks a command with a shell comment that a reader sees too, trailing the command or on a line of its own
 (then it marks every command below it in the block):
 
-- ``# expensive: WHY`` -- run with a smaller n (``--kvaudit-n``, ``--n``, or ``N=`` for a results script) when
-  ``KVAUDIT_DOC_COMMANDS_EXPENSIVE=1`` is set; CI's default run lists it as skipped, with WHY;
+- ``# expensive: WHY`` -- run with a smaller n (``--kvaudit-n``, ``--n``, or ``N=`` for a results script), in CI
+  too; ``KVAUDIT_DOC_COMMANDS_EXPENSIVE=0`` lists it as skipped instead, with WHY (a quick local run);
 - ``# fails: WHY`` -- it runs as written and must exit 1: the page shows a finding, a claim that fails (a BF16
   finding that this CPU does not show at the page's n exits 0: listed as skipped with that reason);
 - ``# CI skips: WHY`` -- CI lists it as skipped, with WHY as the reason (a GPU, a checkpoint of yours, a server,

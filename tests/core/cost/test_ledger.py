@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,28 @@ from pytest_kvaudit.core.errors import KvauditError
 LEDGER = "snapshots/{slug}/test_ledger_audit/test_ledger_audit.json"
 
 
-def setup(pytester: pytest.Pytester, conftest: str = "") -> None:
+def setup(pytester: pytest.Pytester, recorded: Path | None = None) -> None:
+    """The ledger claim's file in the test's folder, and with ``recorded`` the ledger recorded once for this module
+    (as a checkout holds a committed one)."""
     shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
-    if conftest:
-        pytester.makeconftest(conftest)
+    if recorded is not None:
+        shutil.copytree(recorded, pytester.path / "snapshots")
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint's ledger at n=6, recorded once (per worker) by a ``--snapshot-update`` run like
+    :func:`run`'s, for the tests that start from a recorded ledger: recording it in each of them cost CI a run
+    apiece. ``test_record_audit_change_update`` records its own, since recording is what it tests."""
+    home = tmp_path_factory.mktemp("recorded")
+    shutil.copy(REPO / "suites" / "test_ledger_audit.py", home)
+    env = dict(os.environ, PYTEST_ADDOPTS="--kvaudit-claims=none")
+    res = subprocess.run([sys.executable, "-m", "pytest", f"--kvaudit-model={tiny_llama}", "--kvaudit-n=6",
+                          f"--kvaudit-report={home / 'r.json'}", "--snapshot-update", "-p", "no:cacheprovider"],
+                         cwd=home, env=env, capture_output=True, text=True, timeout=600)
+    ledger = home / LEDGER.format(slug=tiny_llama.name)
+    assert ledger.is_file() and "12 units recorded" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+    return home / "snapshots"
 
 
 def run(pytester: pytest.Pytester, ckpt: Path, *args: str) -> tuple[pytest.RunResult, dict]:
@@ -76,9 +96,8 @@ def test_record_audit_change_update(pytester: pytest.Pytester, tiny_llama: Path,
     res.assert_outcomes(passed=1)
 
 
-def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Path, recorded: Path) -> None:
+    setup(pytester, recorded)
     res = pytester.runpytest_subprocess(f"--kvaudit-model={tiny_llama}", "--kvaudit-n=3", "-p", "no:cacheprovider")
     res.assert_outcomes(skipped=1)  # 6 units reproduced, fewer than the exactness claims' 12: no audit yet
     res.stdout.fnmatch_lines(["*ledger_audit*INCONCLUSIVE*"])
@@ -89,10 +108,10 @@ def test_a_smaller_run_audits_a_subset(pytester: pytest.Pytester, tiny_llama: Pa
     res.stdout.fnmatch_lines(["*ledger_audit*PASS*6*6*"])
 
 
-def test_a_smaller_update_keeps_the_larger_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path) -> None:
+def test_a_smaller_update_keeps_the_larger_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path,
+                                                        recorded: Path) -> None:
     """The rule: --snapshot-update replaces a ledger only from a complete run over at least its units."""
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     report = path.parent.parent / "report.json"
     before, report_before = path.read_bytes(), report.read_bytes()
@@ -118,9 +137,9 @@ def test_a_larger_run_audits_what_was_recorded_and_says_the_rest(pytester: pytes
 
 
 @pytest.mark.parametrize("damage", ["empty-units", "not-utf8"])
-def test_a_damaged_ledger_is_one_line_naming_it(pytester: pytest.Pytester, tiny_llama: Path, damage: str) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+def test_a_damaged_ledger_is_one_line_naming_it(pytester: pytest.Pytester, tiny_llama: Path,
+                                                recorded: Path, damage: str) -> None:
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     if damage == "empty-units":
         doc = json.loads(path.read_text())
@@ -149,10 +168,9 @@ CellBuilder.compute = compute
 
 
 @pytest.mark.parametrize("crash_at", ["t01", "t05"])
-def test_a_worker_killed_during_an_update_records_nothing(pytester: pytest.Pytester, tiny_llama: Path,
+def test_a_worker_killed_during_an_update_records_nothing(pytester: pytest.Pytester, tiny_llama: Path, recorded: Path,
                                                           monkeypatch: pytest.MonkeyPatch, crash_at: str) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     before = path.read_bytes()
     pytester.makeconftest(NOISE + CRASH_SHARD_1)  # the update would record another ledger, and loses a worker
@@ -169,10 +187,9 @@ def test_a_worker_killed_during_an_update_records_nothing(pytester: pytest.Pytes
     assert res.ret != 0 and c.get("status") != "pass"
 
 
-def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path,
+def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester, tiny_llama: Path, recorded: Path,
                                                       tmp_path: Path) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+    setup(pytester, recorded)
     other = tmp_path / tiny_llama.name  # same folder name, so the same ledger slug, other weights
     from pytest_kvaudit.testing import tiny_checkpoint
 
@@ -185,9 +202,9 @@ def test_another_model_is_refused_naming_what_differs(pytester: pytest.Pytester,
                               "t00@bf16*"])
 
 
-def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest.Pytester, tiny_llama: Path,
+                                                                recorded: Path) -> None:
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     doc = json.loads(path.read_text())
     doc["environment"]["torch"] = "1.0.0"
@@ -223,9 +240,8 @@ def test_another_environment_is_inconclusive_unless_tokens_only(pytester: pytest
     assert d["suffixes_reproduced"] == d["suffixes"] - 1 and d["units_reproduced"] == d["units"] - 1
 
 
-def test_truncated_ledger_is_named(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+def test_truncated_ledger_is_named(pytester: pytest.Pytester, tiny_llama: Path, recorded: Path) -> None:
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
@@ -234,9 +250,9 @@ def test_truncated_ledger_is_named(pytester: pytest.Pytester, tiny_llama: Path) 
     res.stdout.fnmatch_lines([f"*ledger {path} is not valid JSON (line *): truncated or edited by hand?*"])
 
 
-def test_an_interrupted_update_leaves_the_old_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path) -> None:
-    setup(pytester)
-    run(pytester, tiny_llama, "--snapshot-update")
+def test_an_interrupted_update_leaves_the_old_ledger_whole(pytester: pytest.Pytester, tiny_llama: Path,
+                                                           recorded: Path) -> None:
+    setup(pytester, recorded)
     path = pytester.path / LEDGER.format(slug=tiny_llama.name)
     before = path.read_bytes()
     # the update computes a different ledger, then dies in the middle of writing it
