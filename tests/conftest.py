@@ -14,10 +14,17 @@ pytest_plugins = ["pytester"]
 SLOW_FIXTURES = frozenset({"pytester", "tiny_llama", "tiny_qwen2", "smollm2", "tiny_bert"})
 
 
+#: the test files that hold the longest tests (minutes each on 2 cores: the strict-gate recipe at its plan's n, the
+#: ledger's lifecycle, the docs' commands, the shards' runs), run first so that under ``-n 2`` none of them starts
+#: last and leaves one worker busy alone at the end
+LONGEST_FIRST = ("test_users_path.py", "test_ledger.py", "test_doc_commands.py", "test_shards.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda it: it.path.name not in LONGEST_FIRST)  # stable: the files' own order otherwise
 
 
 @pytest.fixture(autouse=True)

@@ -43,6 +43,21 @@ def test_committed_ledger_audits_on_the_first_items(pytester: pytest.Pytester) -
         assert "recorded in another environment (environment." in flat(res.stdout.str()), res.stdout.str()
 
 
+def test_the_shipped_ledger_leaves_a_run_with_other_settings_unjudged(pytester: pytest.Pytester) -> None:
+    """A first run with another item set (docs/guides/item-sets.md) finds only the ledger kvaudit ships, recorded
+    for the default items: nothing of this run's own to audit, so no verdict (not a FAIL of the checkpoint); a
+    ledger of the user's own with other settings is still refused (test_exact_items.py)."""
+    shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
+    rep = pytester.path / "r.json"
+    res = pytester.runpytest_subprocess(f"--kvaudit-items={REPO / 'fixtures' / 'embedded' / 'items-labels.jsonl'}",
+                                        "--kvaudit-n=2", "--kvaudit-dtypes=fp32", f"--kvaudit-report={rep}",
+                                        "-p", "no:cacheprovider")
+    res.assert_outcomes(skipped=1)
+    c = json.loads(rep.read_text())["claims"]["ledger_audit"]
+    assert c["status"] == "inconclusive" and c["reason"].startswith("the ledger kvaudit ships (") and \
+        "recorded for the default settings, not this run's: config." in c["reason"], c["reason"]
+
+
 def test_first_items_show_divergence_in_bf16_only(pytester: pytest.Pytester) -> None:
     for name in ("test_matched_construction.py", "test_donor_following.py"):
         shutil.copy(REPO / "suites" / name, pytester.path)
