@@ -76,11 +76,13 @@ class LedgerAudit(Claim):
         if snap.session.update_snapshots:
             return self._record(snap, path, current, recorded, missing, keep)
         shipped = False
-        if recorded is None and damaged is None and L.slug(cfg.model) == EMBEDDED_NAME:
+        packaged = EMBEDDED_SNAPSHOTS / path.parent.name / path.name
+        embedded = L.slug(cfg.model) == EMBEDDED_NAME and packaged.is_file()
+        if recorded is None and damaged is None and embedded:
             # a first run from a wheel: the embedded checkpoint's ledger as kvaudit ships it
-            packaged = EMBEDDED_SNAPSHOTS / path.parent.name / path.name
-            if packaged.is_file():
-                path, shipped, recorded = packaged, True, L.read(packaged)
+            path, shipped, recorded = packaged, True, L.read(packaged)
+        #: the ledger is kvaudit's own (read from the package, or, in a checkout, the same committed file)
+        ours = shipped or (embedded and path.is_file() and path.resolve() == packaged.resolve())
         if damaged is not None:
             return self.result(FAIL, 0, 0, damaged)
         if recorded is None:
@@ -97,7 +99,7 @@ class LedgerAudit(Claim):
                      if moved else "")
             figs: dict[str, Any] = {"identity_differences": diffs, "ledger": str(path)}
             other_model = any(d.startswith("model.") for d in diffs)
-            if shipped and not other_model and any(d.startswith("config.") for d in diffs):
+            if ours and not other_model and any(d.startswith("config.") for d in diffs):
                 # the ledger kvaudit ships holds the embedded checkpoint's default run: a run with other settings
                 # (another item set, say) has nothing of its own to audit yet, which is no fault of the checkpoint
                 return self.result(INCONCLUSIVE, a.units, a.reproduced, f"the ledger kvaudit ships ({path}) was "

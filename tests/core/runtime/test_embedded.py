@@ -43,15 +43,18 @@ def test_committed_ledger_audits_on_the_first_items(pytester: pytest.Pytester) -
         assert "recorded in another environment (environment." in flat(res.stdout.str()), res.stdout.str()
 
 
-def test_the_shipped_ledger_leaves_a_run_with_other_settings_unjudged(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("where", ["empty-directory", "checkout"])
+def test_the_shipped_ledger_leaves_a_run_with_other_settings_unjudged(pytester: pytest.Pytester, where: str) -> None:
     """A first run with another item set (docs/guides/item-sets.md) finds only the ledger kvaudit ships, recorded
-    for the default items: nothing of this run's own to audit, so no verdict (not a FAIL of the checkpoint); a
-    ledger of the user's own with other settings is still refused (test_exact_items.py)."""
+    for the default items: from an empty directory (read from the package) or in the checkout (the same file,
+    committed under snapshots/), nothing of this run's own to audit, so no verdict (not a FAIL of the checkpoint);
+    a ledger of the user's own with other settings is still refused (test_exact_items.py)."""
     shutil.copy(REPO / "suites" / "test_ledger_audit.py", pytester.path)
     rep = pytester.path / "r.json"
+    snaps = [f"--kvaudit-snapshots={REPO / 'snapshots'}"] if where == "checkout" else []
     res = pytester.runpytest_subprocess(f"--kvaudit-items={REPO / 'fixtures' / 'embedded' / 'items-labels.jsonl'}",
                                         "--kvaudit-n=2", "--kvaudit-dtypes=fp32", f"--kvaudit-report={rep}",
-                                        "-p", "no:cacheprovider")
+                                        *snaps, "-p", "no:cacheprovider")
     res.assert_outcomes(skipped=1)
     c = json.loads(rep.read_text())["claims"]["ledger_audit"]
     assert c["status"] == "inconclusive" and c["reason"].startswith("the ledger kvaudit ships (") and \
