@@ -29,6 +29,13 @@ def default_path(snapshots: str | None, model: str) -> Path:
     return path
 
 
+def shipped_ledger(model: str, path: Path) -> Path | None:
+    """The ledger kvaudit ships for the embedded checkpoint in ``path``'s place (the package's copy, or in a
+    checkout the file committed under snapshots/), if ``model`` is that checkpoint; else None."""
+    packaged = EMBEDDED_SNAPSHOTS / path.parent.name / path.name
+    return packaged if L.slug(model) == EMBEDDED_NAME and packaged.is_file() else None
+
+
 @register
 class LedgerAudit(Claim):
     name = "ledger_audit"
@@ -76,13 +83,12 @@ class LedgerAudit(Claim):
         if snap.session.update_snapshots:
             return self._record(snap, path, current, recorded, missing, keep)
         shipped = False
-        packaged = EMBEDDED_SNAPSHOTS / path.parent.name / path.name
-        embedded = L.slug(cfg.model) == EMBEDDED_NAME and packaged.is_file()
-        if recorded is None and damaged is None and embedded:
+        packaged = shipped_ledger(cfg.model, path)
+        if recorded is None and damaged is None and packaged is not None:
             # a first run from a wheel: the embedded checkpoint's ledger as kvaudit ships it
             path, shipped, recorded = packaged, True, L.read(packaged)
         #: the ledger is kvaudit's own (read from the package, or, in a checkout, the same committed file)
-        ours = shipped or (embedded and path.is_file() and path.resolve() == packaged.resolve())
+        ours = packaged is not None and path.is_file() and path.resolve() == packaged.resolve()
         if damaged is not None:
             return self.result(FAIL, 0, 0, damaged)
         if recorded is None:
