@@ -10,6 +10,9 @@ A page marks a command with a shell comment that a reader sees too, trailing the
   too; ``KVAUDIT_DOC_COMMANDS_EXPENSIVE=0`` lists it as skipped instead, with WHY (a quick local run);
 - ``# fails: WHY`` -- it runs as written and must exit 1: the page shows a finding, a claim that fails (a BF16
   finding that this CPU does not show at the page's n exits 0: listed as skipped with that reason);
+- ``# expensive, fails: WHY`` -- both: run with a smaller n, and it exits 1 where the finding shows on those items
+  (a claim's FAIL, never an error); where it does not show at the smaller n, the run exits 0 and is listed as
+  skipped, saying so;
 - ``# CI skips: WHY`` -- CI lists it as skipped, with WHY as the reason (a GPU, a checkpoint of yours, a server,
   CI's own command).
 
@@ -28,17 +31,20 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 FENCE = re.compile(r"^```bash[^\n]*\n(.*?)^```", re.S | re.M)
-TAG = re.compile(r"(?:^|\s)#\s*(expensive|fails|CI skips):\s*(.*)$")
+TAG = re.compile(r"(?:^|\s)#\s*(expensive, fails|expensive|fails|CI skips):\s*(.*)$")
 SETUP = re.compile(r"^(?:python3? -m venv |\. \S+/bin/activate$|source \S+/bin/activate$|pip (?:install|uninstall) )")
 ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=(?:\$\((?:[^()]|\$\([^()]*\))*\)|[^\s$]|\$\w)+$")
 VENV = re.compile(r"python3? -m venv (\S+)")
 
 RUN, EXPENSIVE, FAILS, SKIP, SETUP_KIND, DEFINE = "run", "expensive", "fails", "skip", "setup", "define"
+#: an expensive command that shows a finding: run at a smaller n, exits 1 where the finding shows there
+EXPENSIVE_FAILS = "expensive, fails"
 FILE = re.compile(r"^```python\n# (test_\w+\.py)\b[^\n]*\n(.*?)^```", re.S | re.M)
 
 
@@ -49,11 +55,21 @@ class Command:
     page: str          #: the page, relative to the repository
     line: int          #: its first line on the page
     text: str          #: the command as written, continuation lines joined, its tag comment dropped
-    kind: str          #: run, expensive, fails, skip, setup (an install line) or define (sets a variable)
+    kind: str          #: run, expensive, fails, "expensive, fails", skip, setup (an install line) or define (sets one)
     reason: str = ""   #: the tag's words (why expensive, why not run)
     install: str = ""  #: the install line it runs under
     prelude: tuple[str, ...] = ()  #: the page's variable lines above it
     files: tuple[tuple[str, str], ...] = ()  #: (name, text) of the test files the page shows above it
+
+    @property
+    def expensive(self) -> bool:
+        """Whether CI runs it at a smaller n."""
+        return self.kind in (EXPENSIVE, EXPENSIVE_FAILS)
+
+    @property
+    def fails(self) -> bool:
+        """Whether it shows a finding: a claim that fails, so the run exits 1."""
+        return self.kind in (FAILS, EXPENSIVE_FAILS)
 
     @property
     def id(self) -> str:
@@ -128,7 +144,8 @@ def page_commands(page: Path, install: str | None = None) -> list[Command]:
                 continue
             body = raw[: tag.start()].rstrip() if tag else raw.rstrip()
             kind_reason = (tag.group(1), tag.group(2).strip()) if tag else block_tag
-            kind = {None: RUN, "expensive": EXPENSIVE, "fails": FAILS, "CI skips": SKIP}[kind_reason and kind_reason[0]]
+            kind = {None: RUN, "expensive": EXPENSIVE, "fails": FAILS, "expensive, fails": EXPENSIVE_FAILS,
+                    "CI skips": SKIP}[kind_reason and kind_reason[0]]
             reason = kind_reason[1] if kind_reason else ""
             setup, rest = split_setup(body.strip())
             install = (setup if VENV.search(setup) else f"{current} && {setup}") if setup else current
@@ -168,7 +185,7 @@ def built_by_ci(install: str, venv: str) -> Path | None:
     ``pip``; another through its own ``VENV/bin/pip``)."""
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     own = "pip " if venv == ".venv" else f"{venv}/bin/"
-    if pip_steps("\n".join(ln for ln in ci if ln.startswith(own))) != pip_steps(install):
+    if pip_steps("\n".join(ln.strip() for ln in ci if ln.strip().startswith(own))) != pip_steps(install):
         return None
     return Path(sys.prefix) if venv == ".venv" else REPO / venv
 
@@ -190,7 +207,27 @@ def ci_extras(venv: str) -> set[str]:
     """The extras .ci/run installs into ``venv``."""
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     own = "pip " if venv == ".venv" else f"{venv}/bin/"
-    return extras("\n".join(ln for ln in ci if ln.startswith(own)))
+    return extras("\n".join(ln.strip() for ln in ci if ln.strip().startswith(own)))
+
+
+def requirements(names: set[str]) -> set[str]:
+    """The packages these extras install, as the installed package's metadata lists them (``dev`` holds
+    ``xdist``'s and ``gguf``'s packages under its own name: a venv made with ``dev`` has what a line asking for
+    ``xdist,gguf`` needs). An extra that the package does not declare stands for itself, never covered."""
+    out: set[str] = set()
+    for line in metadata.requires("pytest-kvaudit") or []:
+        req, _, marker = line.partition(";")
+        extra = re.search(r"""extra\s*==\s*["']([\w.-]+)["']""", marker)
+        if extra and extra.group(1) in names:
+            out.add(req.strip())
+    declared = {e for ln in metadata.requires("pytest-kvaudit") or []
+                for e in re.findall(r"""extra\s*==\s*["']([\w.-]+)["']""", ln)}
+    return out | {f"<undeclared extra {n}>" for n in names - declared}
+
+
+def covered_by_ci(install: str, venv: str) -> bool:
+    """Whether the venv .ci/run builds under this name holds every package the install line's extras ask for."""
+    return requirements(extras(install)) <= requirements(ci_extras(venv))
 
 
 def missing_extras(cmd: Command) -> set[str]:
