@@ -65,6 +65,9 @@ class EngineSpec:
     #: hits, a batch's other requests, a transplant that prefills again): ``request_price(name, prompt, head,
     #: suffix, budget) -> (calls, tokens)``, or None for the step's declared price
     request_price: RequestPrice | None = None
+    #: the price under the run's ``--kvaudit-engine-arg`` pairs, for an engine whose block or page size is a
+    #: setting: ``request_price_for(engine_args) -> RequestPrice``; None: :attr:`request_price` whatever they are
+    request_price_for: Callable[[tuple[tuple[str, str], ...]], RequestPrice | None] | None = None
     #: the ``--kvaudit-cache`` kinds beyond ``dynamic`` it runs (vLLM: ``("quantized:fp8",)``); None: every kind
     #: (the forward-level probes make each one); checked at configure
     cache_kinds: tuple[str, ...] | None = None
@@ -93,6 +96,11 @@ class EngineSpec:
                                f"{', '.join(sorted(LACKABLE))}")
         for p in self.precisions:
             named(p)
+
+    def price_under(self, engine_args: tuple[tuple[str, str], ...]) -> RequestPrice | None:
+        """The plan's price of its requests under the run's ``--kvaudit-engine-arg`` pairs (vLLM's ``block_size``,
+        transformers-cb's ``page_size`` decide which ids a hit shares)."""
+        return self.request_price if self.request_price_for is None else self.request_price_for(engine_args)
 
     def constructions_at(self, batch: int) -> tuple[str, ...]:
         """Its own constructions' names in a run of batch size ``batch`` (vLLM's ``batched(B)``)."""

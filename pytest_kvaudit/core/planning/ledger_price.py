@@ -47,9 +47,10 @@ def ledger_prediction(cfg: AuditConfig, path: Path | None, identity: Mapping[str
     lengths = list(prompts.values())
     index = {i: k for k, i in enumerate(prompts)}
     steps: dict[str, dict[str, list[int]]] = {}
+    priced = cfg.engine.price_under(cfg.engine_args)
     for d in cfg.dtypes:
         mine = [(i, units[(i, d)]) for i in order if (i, d) in units]
-        acc = price_units([u for _, u in mine], cfg.engine.request_price, doc["config"].get("max_new_tokens"))
+        acc = price_units([u for _, u in mine], priced, doc["config"].get("max_new_tokens"))
         batch = [t for i, u in mine if u.head is not None and (t := batch_tokens(u.head, index[i], lengths, cfg))]
         if batch:  # one forward of the padded batch each
             acc["batch_invariance"] = [len(batch), len(batch), sum(batch)]

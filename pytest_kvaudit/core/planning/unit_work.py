@@ -36,7 +36,7 @@ def work(x: Lengths, cfg: AuditConfig, primary: Lengths | None, donor: bool, swe
     head = x.prompt + x.boundary - 1
     if replicates(cfg, index):
         add(acc, LIVE_REPLICA.name, *LIVE_REPLICA.price(x.prompt, x.gen))
-    priced = cfg.engine.request_price or (lambda *_: None)
+    priced = cfg.engine.price_under(cfg.engine_args) or (lambda *_: None)
     budget = x.budget if x.budget is not None else x.suffix
     for step in constructions(cfg, index):  # those the run's work computes
         own = priced(step.name, x.prompt, head, x.suffix, budget)

@@ -105,3 +105,16 @@ def test_a_request_level_record_is_priced_by_what_its_engine_counted() -> None:
     acc = price_units([u], request_price, max_new=20)
     assert acc["cross"][2] == 0 and acc["warm"][2] == request_price("warm", 40, 49, 4, 10)[1]
     assert acc["transplants"][2] == 8 + 2 * 49
+
+
+def test_the_plan_prices_requests_on_the_blocks_the_run_gives_the_engine() -> None:
+    """``--kvaudit-engine-arg block_size=N`` (vLLM) and ``page_size=N`` (transformers-cb) decide which ids a hit
+    shares, so the plan prices the requests on those blocks, not on the engine's default ones."""
+    from pytest_kvaudit.core.requests.arithmetic import request_price as on_blocks
+    from pytest_kvaudit.engines.transformers_cb.record import CONTINUOUS_BATCHING, PAGE
+    from pytest_kvaudit.engines.vllm.record import BLOCK, VLLM
+
+    for spec, key, default in ((VLLM, "block_size", BLOCK), (CONTINUOUS_BATCHING, "page_size", PAGE)):
+        assert spec.price_under(())("warm", 40, 57, 4, 10) == on_blocks("warm", 40, 57, 4, 10, default)
+        small = spec.price_under(((key, "4"),))("warm", 40, 57, 4, 10)
+        assert small == on_blocks("warm", 40, 57, 4, 10, 4) != on_blocks("warm", 40, 57, 4, 10, default), spec.name
