@@ -25,7 +25,7 @@ def test_an_audit_of_smollm2_on_vllm(pytester: pytest.Pytester, monkeypatch: pyt
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)  # the built-in claims join, as in a user's run
     report = pytester.path / "report.json"
     res = pytester.runpytest_subprocess(
-        f"--kvaudit-model={ckpt}", "--kvaudit-backend=vllm", "--kvaudit-chat-template", "--kvaudit-n=8",
+        f"--kvaudit-model={ckpt}", "--kvaudit-backend=vllm", "--kvaudit-chat-template", "--kvaudit-n=6",
         "--kvaudit-dtypes=bf16", f"--kvaudit-report={report}", "-p", "no:cacheprovider", "-W", "ignore")
     data = json.loads(report.read_text())
     assert sorted(data["claims"]) == sorted(CLAIMS), res.stdout.str()[-3000:]
