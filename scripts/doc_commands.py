@@ -214,15 +214,12 @@ def requirements(names: set[str]) -> set[str]:
     """The packages these extras install, as the installed package's metadata lists them (``dev`` holds
     ``xdist``'s and ``gguf``'s packages under its own name: a venv made with ``dev`` has what a line asking for
     ``xdist,gguf`` needs). An extra that the package does not declare stands for itself, never covered."""
-    out: set[str] = set()
+    declared: dict[str, set[str]] = {}
     for line in metadata.requires("pytest-kvaudit") or []:
         req, _, marker = line.partition(";")
-        extra = re.search(r"""extra\s*==\s*["']([\w.-]+)["']""", marker)
-        if extra and extra.group(1) in names:
-            out.add(req.strip())
-    declared = {e for ln in metadata.requires("pytest-kvaudit") or []
-                for e in re.findall(r"""extra\s*==\s*["']([\w.-]+)["']""", ln)}
-    return out | {f"<undeclared extra {n}>" for n in names - declared}
+        for extra in re.findall(r"""extra\s*==\s*["']([\w.-]+)["']""", marker):
+            declared.setdefault(extra, set()).add(req.strip())
+    return {r for n in names for r in declared.get(n, {f"<undeclared extra {n}>"})}
 
 
 def covered_by_ci(install: str, venv: str) -> bool:

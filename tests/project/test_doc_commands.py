@@ -148,6 +148,11 @@ def script(cmd, venv: Path, text: str) -> str:  # noqa: ANN001
     return "\n".join(["set -eo pipefail", f". {venv}/bin/activate", *cmd.prelude, text])
 
 
+def ended_in_error(output: str) -> bool:
+    """Whether a pytest run's closing summary counts an error (``-q``'s summary has no ``=`` around it)."""
+    return re.search(r"^(?:=+ )?[\w ,]*\b\d+ errors?\b[\w ,]* in [\d.]+s", output, re.M) is not None
+
+
 @pytest.mark.parametrize("cmd", COMMANDS, ids=_id)
 def test_the_command_runs_as_written(cmd, venvs: Venvs, tmp_path: Path) -> None:  # noqa: ANN001
     if cmd.kind == dc.SKIP:
@@ -177,8 +182,8 @@ def test_the_command_runs_as_written(cmd, venvs: Venvs, tmp_path: Path) -> None:
         pytest.skip(f"{cmd.id}: the page shows a failure ({cmd.reason}); here the run passed, so the finding "
                     "did not show at its n" + (f" ({REDUCED_N})" if cmd.expensive else ""))
     if cmd.fails:  # a finding is a claim's FAIL: an error (a setup error also exits 1) is no finding
-        assert not re.search(r"^=+ .*\berrors?\b.* in [\d.]+s", res.stdout, re.M), f"{cmd.id}: an error, not a " \
-            f"claim's failure:\n$ {text}\n{res.stdout[-4000:]}"
+        assert not ended_in_error(res.stdout), f"{cmd.id}: an error, not a claim's failure:\n$ {text}\n" \
+                                               f"{res.stdout[-4000:]}"
     assert res.returncode == want, f"{cmd.id}: exit {res.returncode}, the page says {want}:\n$ {text}\n" \
                                    f"{res.stdout[-4000:]}"
 
@@ -228,6 +233,13 @@ def test_an_expensive_finding_is_both_reduced_and_expected_to_fail(tmp_path: Pat
     assert cmd.reason == "f32 parts on llama.cpp"
     plain, = page(tmp_path, "```bash\npytest --kvaudit-n=40   # expensive: minutes\n```\n")
     assert (plain.expensive, plain.fails) == (True, False)
+
+
+def test_a_finding_is_a_claims_failure_not_an_error() -> None:
+    assert ended_in_error("===== 1 failed, 7 skipped, 1 error in 3.20s =====")
+    assert ended_in_error("8 errors in 2.13s")
+    assert not ended_in_error("=== 1 failed, 7 skipped in 3.20s ===\nE   KvauditError: an error in 3.2s of text")
+    assert not ended_in_error("1 failed, 2 passed, 5 skipped, 1 warning in 12.00s")
 
 
 def test_a_test_file_shown_on_the_page_travels_with_its_commands(tmp_path: Path) -> None:
